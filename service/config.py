@@ -1,0 +1,56 @@
+"""Runtime settings: one pydantic-settings class, read from `HOOKSERVE_*` env and flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+def _default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class Settings(BaseSettings):
+    """Everything configurable that is not a model. Env names are `HOOKSERVE_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="HOOKSERVE_", extra="ignore")
+
+    config: Path | None = Field(None, description="Models TOML; absent = the built-in registry.")
+    model_dir: Path = Field(Path("models"), description="Root of every server-side path.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
+    admin_token: str | None = Field(None, description="Bearer token for admin calls; unset = disabled.")
+    allow_downloads: bool = Field(False, description="Allow weights = \"DEFAULT\" to download.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; empty = off.")
+
+    # threads
+    worker_threads: int = Field(default_factory=_default_threads, description="Executor threads per model.")
+    torch_threads: int = Field(1, description="Intra-op torch threads per executor thread.")
+    decode_threads: int = Field(default_factory=_default_threads, description="Image decode pool size.")
+
+    # batching (defaults; per model overridable in the TOML)
+    max_batch_size: int = 8
+    max_batch_delay_ms: float = 5.0
+    max_queue: int = Field(256, description="Queued jobs per model before 503.")
+
+    # limits
+    max_body_bytes: int = 64 * MiB
+    max_inputs: int = 64
+    max_image_pixels: int = 40_000_000
+    max_layers: int = 256
+    max_json_response_bytes: int = 64 * MiB
+    max_binary_response_bytes: int = 1024 * MiB
+    max_ig_steps: int = 512
+    max_smoothgrad_samples: int = 256
+    ig_internal_batch_size: int = Field(64, description="Samples per IG forward/backward (memory bound).")
+    max_upload_bytes: int = 2048 * MiB
+    request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
+    shutdown_grace_s: float = 30.0

@@ -1,0 +1,1 @@
+"""Model specs, builders, weights, preprocessing and the registry of loaded models."""

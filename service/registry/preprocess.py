@@ -1,0 +1,81 @@
+"""Image preprocessing: PIL image -> normalized float tensor [C, H, W].
+
+Matches torchvision's `Resize(shorter side)` + `CenterCrop` on PIL images (PIL's resampling
+filters are antialiased), then scaling to [0, 1] and per-channel normalization.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+from service.registry.spec import Interpolation, PreprocessSpec
+
+_PIL_FILTERS = {
+    Interpolation.bilinear: Image.Resampling.BILINEAR,
+    Interpolation.bicubic: Image.Resampling.BICUBIC,
+    Interpolation.nearest: Image.Resampling.NEAREST,
+}
+
+
+def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
+    """New (width, height) with the shorter side equal to `shorter`, as torchvision computes it."""
+    if width <= height:
+        return shorter, int(shorter * height / width)
+    return int(shorter * width / height), shorter
+
+
+def center_crop_box(width: int, height: int, crop: int) -> tuple[int, int, int, int]:
+    """PIL crop box of a centered `crop`×`crop` square (torchvision's rounding)."""
+    top = int(round((height - crop) / 2.0))
+    left = int(round((width - crop) / 2.0))
+    return left, top, left + crop, top + crop
+
+
+def preprocess_image(image: Image.Image, spec: PreprocessSpec, channels: int) -> torch.Tensor:
+    """Return a float32 tensor [channels, H, W] ready for the model.
+
+    `grayscale` converts to luminance first; a 1-channel result is repeated to `channels`
+    (the digits LeNet wants 3 identical channels).
+    """
+    mode = "L" if spec.grayscale or channels == 1 else "RGB"
+    if image.mode != mode:
+        image = image.convert(mode)
+    if spec.resize is not None:
+        size = resized_size(image.width, image.height, spec.resize)
+        if size != image.size:
+            image = image.resize(size, _PIL_FILTERS[spec.interpolation])
+    if spec.crop is not None:
+        if image.width < spec.crop or image.height < spec.crop:
+            # torchvision pads with zeros; do the same by pasting onto a black canvas
+            canvas = Image.new(mode, (max(image.width, spec.crop), max(image.height, spec.crop)))
+            canvas.paste(image, ((canvas.width - image.width) // 2, (canvas.height - image.height) // 2))
+            image = canvas
+        if image.size != (spec.crop, spec.crop):
+            image = image.crop(center_crop_box(image.width, image.height, spec.crop))
+    array = np.asarray(image, dtype=np.uint8)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    tensor = torch.from_numpy(array).permute(2, 0, 1).to(torch.float32).div_(255.0)
+    if tensor.shape[0] == 1 and channels != 1:
+        tensor = tensor.expand(channels, -1, -1)
+    mean = _per_channel(spec.mean, channels)
+    std = _per_channel(spec.std, channels)
+    return tensor.sub(mean).div_(std).contiguous()
+
+
+def _per_channel(values: list[float], channels: int) -> torch.Tensor:
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        values = (values * channels)[:channels]
+    return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
+
+
+def denormalize(tensor: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
+    """Invert the normalization of a [C, H, W] tensor back to [0, 1] (for pictures)."""
+    channels = tensor.shape[0]
+    mean = _per_channel(spec.mean, channels).to(tensor.device, tensor.dtype)
+    std = _per_channel(spec.std, channels).to(tensor.device, tensor.dtype)
+    return (tensor * std + mean).clamp_(0.0, 1.0)

@@ -1,0 +1,119 @@
+"""The model spec: one `[[models]]` entry of the models TOML (also the body of POST /models)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from service.errors import InvalidField
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class Source(StrEnum):
+    torchvision = "torchvision"
+    timm = "timm"
+    python = "python"
+
+
+class DType(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Interpolation(StrEnum):
+    bilinear = "bilinear"
+    bicubic = "bicubic"
+    nearest = "nearest"
+
+
+class PreprocessSpec(BaseModel):
+    """How an image becomes a tensor: resize shorter side, center crop, scale, normalize."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resize: int | None = Field(256, ge=1, le=8192, description="Shorter side after resizing; null = keep.")
+    crop: int | None = Field(224, ge=1, le=8192, description="Center crop size; null = no crop.")
+    interpolation: Interpolation = Interpolation.bilinear
+    mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406], min_length=1, max_length=4)
+    std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225], min_length=1, max_length=4)
+    grayscale: bool = False
+
+    @field_validator("std")
+    @classmethod
+    def _positive_std(cls, v: list[float]) -> list[float]:
+        if any(s <= 0 for s in v):
+            raise ValueError("std values must be positive")
+        return v
+
+
+class OptimizerSpec(BaseModel):
+    """`[models.optimizer]`: a torch.optim class name and its keyword arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field("SGD", description="Any torch.optim optimizer class name.")
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ModelSpec(BaseModel):
+    """One model: where its architecture and weights come from and how it is served."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str = Field(..., pattern=NAME_PATTERN, examples=["resnet18"])
+    source: Source = Field(..., examples=["torchvision"])
+    architecture: str = Field(..., min_length=1, max_length=256, examples=["resnet18"])
+    weights: str | None = Field(None, description='File under the model dir, "DEFAULT", or null (random).')
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    labels: str | None = Field(None, description="Labels file under the model dir, one per line.")
+    input_size: list[int] | None = Field(None, min_length=1, max_length=4)
+    device: str | None = Field(None, description="auto | cpu | cuda | cuda:N | mps; default the server's.")
+    dtype: DType = DType.float32
+    preprocess: PreprocessSpec | None = None
+    optimizer: OptimizerSpec | None = None
+    max_batch_size: int | None = Field(None, ge=1, le=1024)
+    max_batch_delay_ms: float | None = Field(None, ge=0, le=10_000)
+    compile: bool = Field(False, description="torch.compile the model (off by default).")
+
+    @field_validator("input_size")
+    @classmethod
+    def _positive_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(s <= 0 for s in v):
+            raise ValueError("input_size values must be positive")
+        return v
+
+
+def parse_specs(data: dict[str, Any]) -> list[ModelSpec]:
+    """Validate a parsed TOML document; names must be unique."""
+    raw = data.get("models", [])
+    if not isinstance(raw, list):
+        raise InvalidField("models config: [[models]] must be an array of tables")
+    try:
+        specs = [ModelSpec.model_validate(item) for item in raw]
+    except ValidationError as exc:
+        raise InvalidField(f"models config: {exc.errors(include_url=False)}") from None
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise InvalidField(f"models config: duplicate model name {spec.name!r}")
+        seen.add(spec.name)
+    return specs
+
+
+def load_specs(path: Path) -> list[ModelSpec]:
+    """Read the models TOML file."""
+    with path.open("rb") as f:
+        return parse_specs(tomllib.load(f))
+
+
+def is_url_safe(name: str) -> bool:
+    return re.match(NAME_PATTERN, name) is not None
