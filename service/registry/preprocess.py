@@ -28,8 +28,8 @@ def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
 
 def center_crop_box(width: int, height: int, crop: int) -> tuple[int, int, int, int]:
     """PIL crop box of a centered `crop`×`crop` square (torchvision's rounding)."""
-    top = int(round((height - crop) / 2.0))
-    left = int(round((width - crop) / 2.0))
+    top = round((height - crop) / 2.0)
+    left = round((width - crop) / 2.0)
     return left, top, left + crop, top + crop
 
 
@@ -54,7 +54,7 @@ def preprocess_image(image: Image.Image, spec: PreprocessSpec, channels: int) ->
             image = canvas
         if image.size != (spec.crop, spec.crop):
             image = image.crop(center_crop_box(image.width, image.height, spec.crop))
-    array = np.asarray(image, dtype=np.uint8)
+    array = np.array(image, dtype=np.uint8)  # writable copy: torch.from_numpy refuses read-only views
     if array.ndim == 2:
         array = array[:, :, None]
     tensor = torch.from_numpy(array).permute(2, 0, 1).to(torch.float32).div_(255.0)
