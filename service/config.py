@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     port: int = 8000
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
     admin_token: str | None = Field(None, description="Bearer token for admin calls; unset = disabled.")
-    allow_downloads: bool = Field(False, description="Allow weights = \"DEFAULT\" to download.")
+    allow_downloads: bool = Field(False, description='Allow weights = "DEFAULT" to download.')
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     cors_origins: list[str] = Field(default_factory=list, description="CORS allowed origins; empty = off.")
 

@@ -1,0 +1,40 @@
+"""`python -m service`: serve the models over HTTP with uvicorn (one worker, see DESIGN.md)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from service.config import Settings
+from service.main import create_app
+
+
+def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m service", description="hookserve: PyTorch models over HTTP")
+    parser.add_argument("--config", type=Path, help="models TOML (env HOOKSERVE_CONFIG); default: built-in models")
+    parser.add_argument("--model-dir", type=Path, help="root of every server-side path (env HOOKSERVE_MODEL_DIR)")
+    parser.add_argument("--host", help="bind address (env HOOKSERVE_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (env HOOKSERVE_PORT, default 8000)")
+    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (env HOOKSERVE_DEVICE)")
+    args = parser.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = Settings(**parse_args(argv))  # flags win over the environment
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        workers=1,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Thin HTTP routers: decode -> submit -> encode. The only package that imports FastAPI."""

@@ -1,0 +1,65 @@
+"""The one place that turns errors into HTTP answers: `{"detail": ...}`, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import HookserveError
+
+log = logging.getLogger("hookserve.api")
+
+
+def _error(status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic errors without echoing huge inputs or internal URLs."""
+    cleaned = []
+    for err in errors:
+        item = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "")), "type": err.get("type", "")}
+        cleaned.append(item)
+    return cleaned
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HookserveError)
+    async def _domain(request: Request, exc: HookserveError) -> JSONResponse:
+        if request.url.path.startswith("/v2"):
+            return JSONResponse({"error": _as_text(exc.detail)}, status_code=exc.status, headers=exc.headers)
+        return _error(exc.status, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = clean_validation_errors(exc.errors())
+        if request.url.path.startswith("/v2"):
+            return JSONResponse({"error": _as_text(detail)}, status_code=422)
+        return _error(422, detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if request.url.path.startswith("/v2"):
+            return JSONResponse({"error": _as_text(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        return _error(exc.status_code, exc.detail, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        if request.url.path.startswith("/v2"):
+            return JSONResponse({"error": "internal server error"}, status_code=500)
+        return _error(500, "internal server error; the server log has the details")
+
+
+def _as_text(detail: Any) -> str:
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg', d)}" for d in detail)
+    return str(detail)

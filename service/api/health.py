@@ -1,0 +1,35 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.api.state import StateDep
+from service.registry.registry import Status
+from service.schemas.models import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, summary="200 while the process serves")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    summary="200 once every configured model is ready",
+    responses={503: {"model": Health, "description": "Some models are loading or failed."}},
+)
+async def readyz(state: StateDep) -> JSONResponse:
+    not_ready = {
+        e.spec.name: {"status": e.status.value, **({"error": e.error} if e.error else {})}
+        for e in state.registry.entries()
+        if e.status is not Status.ready
+    }
+    if not_ready or state.draining:
+        status = "draining" if state.draining else "not ready"
+        return JSONResponse({"status": status, "models": not_ready}, status_code=503)
+    return JSONResponse({"status": "ready", "models": {}})

@@ -1,0 +1,50 @@
+"""INFO for a registry entry (GET /models and friends)."""
+
+from __future__ import annotations
+
+from service.introspection.hooks import count_hooks
+from service.registry.registry import Entry
+from service.schemas.models import ModelDetail, ModelInfo
+
+
+def model_info(entry: Entry) -> ModelInfo:
+    return ModelInfo.model_validate(_fields(entry))
+
+
+def model_detail(entry: Entry) -> ModelDetail:
+    fields = _fields(entry)
+    fields["repr"] = entry.model.text if entry.model is not None else None
+    return ModelDetail.model_validate(fields)
+
+
+def _fields(entry: Entry) -> dict[str, object]:
+    spec, model = entry.spec, entry.model
+    weights = "random" if spec.weights is None else spec.weights
+    fields: dict[str, object] = {
+        "name": spec.name,
+        "source": spec.source.value,
+        "architecture": spec.architecture,
+        "status": entry.status.value,
+        "error": entry.error,
+        "dtype": spec.dtype.value,
+        "weights": weights,
+        "labels": spec.labels is not None,
+        "optimizer": spec.optimizer.type if spec.optimizer is not None else None,
+        "input_size": spec.input_size,
+        "preprocess": spec.preprocess,
+        "load_seconds": entry.load_seconds,
+    }
+    if model is not None:
+        fields |= {
+            "device": str(model.device),
+            "weights": model.weights,
+            "num_parameters": model.num_parameters,
+            "trainable_parameters": model.trainable_parameters,
+            "input_size": model.input_size,
+            "preprocess": model.preprocess,
+            "num_classes": model.num_classes,
+            "labels": model.labels is not None,
+            "optimizer": type(model.optimizer).__name__ if model.optimizer is not None else None,
+            "hooks": count_hooks(model.module),
+        }
+    return fields

@@ -1,0 +1,128 @@
+"""Request bodies: JSON or multipart on the same path, into a validated request model.
+
+Multipart (curl-friendly): `model`, one or more `image` files, and every other field of the
+JSON body as a form field (lists comma-separated, booleans true/false).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, Union, get_args, get_origin
+
+import orjson
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from service.api.errors import clean_validation_errors
+from service.config import Settings
+from service.errors import BadInput, InvalidField, TooLarge
+
+M = TypeVar("M", bound=BaseModel)
+MULTIPART_PLACEHOLDER = "(multipart upload)"
+
+
+@dataclass
+class Parsed(Generic[M]):
+    """The validated body, plus raw image bytes when they came as multipart files."""
+
+    body: M
+    images: list[bytes] | None
+
+
+async def parse_body(request: Request, model_cls: type[M], settings: Settings) -> Parsed[M]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        return await _parse_multipart(request, model_cls, settings)
+    raw = await request.body()
+    if not raw:
+        raise InvalidField("empty body: send JSON (application/json) or a multipart form")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadInput("body is not valid JSON") from None
+    body = validate(model_cls, data)
+    _check_count(body, settings)
+    return Parsed(body, None)
+
+
+def validate(model_cls: type[M], data: Any) -> M:
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidField(clean_validation_errors(exc.errors(include_url=False))) from None
+
+
+def _check_count(body: BaseModel, settings: Settings) -> None:
+    inputs = getattr(body, "inputs", None)
+    if inputs is not None and len(inputs) > settings.max_inputs:
+        raise TooLarge(f"{len(inputs)} inputs, over the limit of {settings.max_inputs} per request (max_inputs)")
+
+
+async def _parse_multipart(request: Request, model_cls: type[M], settings: Settings) -> Parsed[M]:
+    try:
+        form = await request.form(max_files=settings.max_inputs + 1, max_fields=256, max_part_size=4 * 1024 * 1024)
+    except Exception as exc:  # starlette raises several types for malformed forms
+        raise BadInput(f"malformed multipart form: {getattr(exc, 'detail', type(exc).__name__)}") from None
+    try:
+        data: dict[str, Any] = {}
+        images: list[bytes] = []
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if key != "image":
+                    raise InvalidField(f"unexpected file field {key!r}; files go in 'image'")
+                if len(images) >= settings.max_inputs:
+                    raise TooLarge(f"more than {settings.max_inputs} images (max_inputs)")
+                images.append(await value.read())
+            elif key in data:
+                raise InvalidField(f"form field {key!r} given twice")
+            else:
+                data[key] = _form_value(model_cls, key, value)
+    finally:
+        await form.close()
+    if "inputs" in model_cls.model_fields:
+        if not images:
+            raise InvalidField("multipart requests need at least one 'image' file field")
+        data["inputs"] = [{"image": MULTIPART_PLACEHOLDER} for _ in images]
+    body = validate(model_cls, data)
+    return Parsed(body, images or None)
+
+
+def _form_value(model_cls: type[BaseModel], key: str, value: str) -> Any:
+    """Lists are comma-separated; JSON-looking values are parsed; the rest pydantic coerces."""
+    field = model_cls.model_fields.get(key)
+    if field is None:
+        return value
+    if _accepts_list(field.annotation) and not value.startswith("["):
+        return [_scalar(v.strip()) for v in value.split(",") if v.strip()]
+    if value.startswith(("[", "{")):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    if value in ("null", "none", "") and _accepts_none(field.annotation):
+        return None
+    return value
+
+
+def _scalar(text: str) -> Any:
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return get_args(annotation)
+    if origin is typing.Annotated:
+        return _members(get_args(annotation)[0])
+    return (annotation,)
+
+
+def _accepts_list(annotation: Any) -> bool:
+    return any(get_origin(m) is list or m is list for m in _members(annotation))
+
+
+def _accepts_none(annotation: Any) -> bool:
+    return any(m is type(None) for m in _members(annotation))

@@ -1,0 +1,60 @@
+"""GET /models, GET /models/{name}, and the admin POST/DELETE."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from fastapi.responses import JSONResponse
+
+from service.api.auth import require_admin
+from service.api.info import model_detail, model_info
+from service.api.state import StateDep
+from service.schemas.common import ErrorBody
+from service.schemas.models import LoadModelRequest, ModelDetail, ModelInfo, ModelList
+
+router = APIRouter(tags=["models"])
+
+ModelName = Annotated[str, Path(description="A model name from GET /models.", examples=["lenet"])]
+
+
+@router.get("/models", response_model=ModelList, summary="Every registered model")
+async def list_models(state: StateDep) -> ModelList:
+    return ModelList(models=[model_info(e) for e in state.registry.entries()])
+
+
+@router.get(
+    "/models/{name}",
+    response_model=ModelDetail,
+    summary="One model's INFO with its repr",
+    responses={404: {"model": ErrorBody}},
+)
+async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
+    return model_detail(state.registry.entry(name))
+
+
+@router.post(
+    "/models",
+    status_code=202,
+    response_model=ModelInfo,
+    summary="Load a model at run time (admin)",
+    dependencies=[Depends(require_admin)],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+)
+async def load_model(spec: LoadModelRequest, state: StateDep) -> JSONResponse:
+    entry = state.registry.add(spec)
+    return JSONResponse(model_info(entry).model_dump(mode="json"), status_code=202)
+
+
+@router.delete(
+    "/models/{name}",
+    response_model=ModelInfo,
+    summary="Unload a model and release its memory (admin)",
+    dependencies=[Depends(require_admin)],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+async def unload_model(name: ModelName, state: StateDep) -> ModelInfo:
+    entry = state.registry.entry(name)
+    info = model_info(entry)
+    await state.registry.remove(name)
+    return info

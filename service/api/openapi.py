@@ -1,0 +1,76 @@
+"""OpenAPI helpers: request bodies that accept JSON or multipart, and documented errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from service.schemas.common import ErrorBody
+
+_BODY_MODELS: list[type[BaseModel]] = []
+
+_ERROR_TEXT = {
+    400: "Undecodable input (bad base64, not an image, not JSON).",
+    401: "Missing or wrong admin token.",
+    403: "Admin calls disabled, or a path outside the model dir.",
+    404: "Unknown model or tensor.",
+    409: "Model not ready (loading or failed).",
+    413: "Body, image or response over its limit; the detail says which and what to ask for instead.",
+    422: "Invalid field (unknown layer, bad target, wrong tensor shape...).",
+    503: "Queue full or device out of memory; see Retry-After.",
+    504: "The request's deadline passed.",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorBody, "description": _ERROR_TEXT[code]} for code in codes}
+
+
+def body_with_multipart(model_cls: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a path that reads its body itself (JSON or multipart form)."""
+    _BODY_MODELS.append(model_cls)
+    props: dict[str, Any] = {
+        "image": {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "Image files."}
+    }
+    for name, field in model_cls.model_fields.items():
+        if name == "inputs":
+            continue
+        props[name] = {
+            "type": "string",
+            "description": field.description or "As in the JSON body; lists comma-separated.",
+        }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model_cls.__name__}"}},
+                "multipart/form-data": {
+                    "schema": {"type": "object", "properties": props, "required": ["model", "image"]}
+                },
+            },
+        }
+    }
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Add the manually-read body models (and their sub-models) to the schema's components."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes, tags=app.openapi_tags
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for cls in _BODY_MODELS:
+            body = cls.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in body.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components[cls.__name__] = body
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,49 @@
+"""Encoded images in: header check against the pixel limit, then decode and preprocess."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from service.errors import BadInput, TooLarge
+from service.registry.preprocess import preprocess_image
+from service.registry.spec import PreprocessSpec
+
+# We enforce our own (configurable) limit from the header, before any pixel is decoded.
+Image.MAX_IMAGE_PIXELS = None
+
+
+def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Image:
+    """Open and fully decode an image; refuse oversize ones from their header alone."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise BadInput(f"{where} is not a decodable image (PNG, JPEG, WebP, BMP, ...)") from None
+    except Image.DecompressionBombError:
+        raise TooLarge(f"{where} declares more than the {max_pixels}-pixel limit") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise TooLarge(
+            f"{where} is {width}x{height} = {width * height} pixels, over the limit of "
+            f"{max_pixels} (max_image_pixels); send a smaller image"
+        )
+    if width == 0 or height == 0:
+        raise BadInput(f"{where} has no pixels")
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        raise BadInput(f"{where} could not be decoded (truncated or corrupt)") from None
+    return image
+
+
+def image_to_tensor(
+    data: bytes, spec: PreprocessSpec, channels: int, max_pixels: int, where: str = "image"
+) -> torch.Tensor:
+    """Decode + preprocess one image into the model's float32 [C, H, W] input."""
+    image = open_image(data, max_pixels, where)
+    return preprocess_image(image, spec, channels)

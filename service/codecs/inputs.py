@@ -1,0 +1,53 @@
+"""A request's inputs (images and tensors) into one batch tensor [N, C, H, W] for a model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from service.codecs.images import image_to_tensor
+from service.codecs.tensors import decode_b64, tensor_from_payload
+from service.errors import InvalidField
+from service.registry.loaded import LoadedModel
+from service.schemas.common import InputItem
+
+
+def decode_batch(
+    items: Sequence[InputItem], images: Sequence[bytes] | None, model: LoadedModel, max_pixels: int
+) -> torch.Tensor:
+    """Decode every input and stack them. Runs on a thread pool, never on the event loop."""
+    samples: list[torch.Tensor] = []
+    if images is not None:
+        for i, data in enumerate(images):
+            samples.append(image_to_tensor(data, model.preprocess, model.channels, max_pixels, f"image[{i}]"))
+    else:
+        for i, item in enumerate(items):
+            where = f"inputs[{i}]"
+            if item.image is not None:
+                data = decode_b64(item.image, f"{where}.image")
+                samples.append(image_to_tensor(data, model.preprocess, model.channels, max_pixels, f"{where}.image"))
+            elif item.tensor is not None:
+                t = item.tensor
+                tensor = tensor_from_payload(t.shape, t.dtype, t.data, t.b64, f"{where}.tensor")
+                samples.append(_check_tensor(tensor, model, where))
+    shapes = {tuple(s.shape) for s in samples}
+    if len(shapes) > 1:
+        raise InvalidField(f"inputs have different shapes {sorted(shapes)}; send one request per shape")
+    return torch.stack(samples) if len(samples) > 1 else samples[0].unsqueeze(0)
+
+
+def _check_tensor(tensor: torch.Tensor, model: LoadedModel, where: str) -> torch.Tensor:
+    expected = model.input_size
+    if tensor.ndim != len(expected):
+        raise InvalidField(
+            f"{where}.tensor has shape {list(tensor.shape)}; {model.name} takes one sample of rank "
+            f"{len(expected)} like {expected} (no batch dimension)"
+        )
+    if tensor.shape[0] != expected[0]:
+        raise InvalidField(f"{where}.tensor has {tensor.shape[0]} channels; {model.name} needs {expected[0]}")
+    if not tensor.is_floating_point():
+        tensor = tensor.to(torch.float32)
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise InvalidField(f"{where}.tensor holds NaN or infinite values")
+    return tensor

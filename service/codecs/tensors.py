@@ -1,0 +1,102 @@
+"""Tensor inputs (JSON nested/flat lists or base64 bytes) and JSON tensor outputs.
+
+Outputs stay NumPy arrays until orjson writes them (OPT_SERIALIZE_NUMPY), so no Python
+float per element ever exists on the hot path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from service.errors import BadInput, InvalidField
+
+_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "float16": np.dtype("<f2"),
+    "int64": np.dtype("<i8"),
+    "int32": np.dtype("<i4"),
+    "int16": np.dtype("<i2"),
+    "int8": np.dtype("i1"),
+    "uint8": np.dtype("u1"),
+    "bool": np.dtype("?"),
+}
+INPUT_DTYPES = (*_NUMPY_DTYPES, "bfloat16")
+MAX_TENSOR_DIMS = 8
+
+
+def decode_b64(text: str, what: str = "base64 data") -> bytes:
+    """Strict base64 (standard alphabet, padding optional); 400 when invalid."""
+    cleaned = "".join(text.split())
+    cleaned += "=" * (-len(cleaned) % 4)
+    try:
+        return base64.b64decode(cleaned, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadInput(f"{what} is not valid base64") from None
+
+
+def tensor_from_payload(
+    shape: Sequence[int], dtype: str, data: Any | None, b64: str | None, where: str
+) -> torch.Tensor:
+    """Build a CPU tensor of `shape` from either a (nested or flat) list or base64 bytes."""
+    if dtype not in INPUT_DTYPES:
+        raise InvalidField(f"{where}.dtype {dtype!r} is not one of {list(INPUT_DTYPES)}")
+    if len(shape) > MAX_TENSOR_DIMS or any(int(s) < 0 for s in shape):
+        raise InvalidField(f"{where}.shape {list(shape)} is not a valid shape")
+    numel = math.prod(shape)
+    if (data is None) == (b64 is None):
+        raise InvalidField(f"{where}: give exactly one of 'data' or 'b64'")
+    if b64 is not None:
+        raw = decode_b64(b64, f"{where}.b64")
+        if dtype == "bfloat16":
+            return _from_bytes(raw, np.dtype("<u2"), numel, shape, where).view(torch.bfloat16)
+        return _from_bytes(raw, _NUMPY_DTYPES[dtype], numel, shape, where)
+    np_dtype = np.dtype("<f4") if dtype == "bfloat16" else _NUMPY_DTYPES[dtype]
+    try:
+        array = np.asarray(data, dtype=np_dtype)
+    except (ValueError, TypeError):
+        raise InvalidField(f"{where}.data must be numbers in a flat or nested list matching shape") from None
+    if array.size != numel:
+        raise InvalidField(f"{where}.data has {array.size} values; shape {list(shape)} needs {numel}")
+    tensor = torch.from_numpy(array.reshape(tuple(shape)).copy())
+    return tensor.to(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+def _from_bytes(raw: bytes, np_dtype: np.dtype[Any], numel: int, shape: Sequence[int], where: str) -> torch.Tensor:
+    expected = numel * np_dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidField(f"{where}.b64 holds {len(raw)} bytes; shape {list(shape)} needs {expected}")
+    array = np.frombuffer(raw, dtype=np_dtype).reshape(tuple(shape))
+    return torch.from_numpy(array.astype(np_dtype.newbyteorder("="), copy=True))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> `"float32"`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A C-contiguous CPU NumPy view (bfloat16 widened to float32, which NumPy lacks)."""
+    t = tensor.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.to(torch.float32)
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return np.ascontiguousarray(t.numpy())
+
+
+def json_tensor(tensor: torch.Tensor) -> dict[str, Any]:
+    """API.md's JSON tensor, data still a NumPy array for orjson to serialize."""
+    return {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "data": to_numpy(tensor)}
+
+
+def json_size_lower_bound(numel: int) -> int:
+    """The fewest bytes a JSON list of `numel` numbers can take ("0.0," each)."""
+    return numel * 4

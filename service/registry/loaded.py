@@ -1,0 +1,43 @@
+"""A model that is built, weighted, placed on its device and warmed up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from service.registry.spec import ModelSpec, PreprocessSpec
+
+
+@dataclass
+class LoadedModel:
+    """Everything the runtime and introspection need to serve one model."""
+
+    spec: ModelSpec
+    module: nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    preprocess: PreprocessSpec
+    input_size: list[int]
+    labels: list[str] | None
+    optimizer: torch.optim.Optimizer | None
+    weights: str
+    num_classes: int | None
+    num_parameters: int
+    trainable_parameters: int
+    text: str = field(repr=False)
+    summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def channels(self) -> int:
+        return self.input_size[0]
+
+    def label(self, index: int) -> str:
+        if self.labels is not None and 0 <= index < len(self.labels):
+            return self.labels[index]
+        return str(index)

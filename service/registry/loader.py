@@ -1,0 +1,130 @@
+"""Turn a ModelSpec into a LoadedModel: build, load weights, place, warm up."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from service.errors import HookserveError, ModelLoadError
+from service.registry.builders import DEFAULT_WEIGHTS, build_module, build_optimizer
+from service.registry.devices import TORCH_DTYPES, pick_device
+from service.registry.labels import read_labels
+from service.registry.loaded import LoadedModel
+from service.registry.paths import resolve_under
+from service.registry.spec import Interpolation, ModelSpec, PreprocessSpec, Source
+from service.registry.weights import load_into, load_optimizer_state, read_weights
+
+IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
+
+
+def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
+    """Build and place one model. Raises ModelLoadError with a message fit for INFO `error`."""
+    try:
+        return _load(spec, model_dir, default_device, allow_downloads)
+    except ModelLoadError:
+        raise
+    except HookserveError as exc:
+        raise ModelLoadError(str(exc.detail)) from None
+    except Exception as exc:  # a failing user model must not take the server down
+        raise ModelLoadError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
+    device = pick_device(spec.device or default_device)
+    dtype = TORCH_DTYPES[spec.dtype]
+    module = build_module(spec, model_dir, allow_downloads)
+    optimizer_state: dict[str, Any] | None = None
+    if spec.weights is None:
+        weights_name = "random"
+    elif spec.weights == DEFAULT_WEIGHTS:
+        weights_name = DEFAULT_WEIGHTS
+    else:
+        weights_file = read_weights(resolve_under(model_dir, spec.weights))
+        load_into(module, weights_file, spec.weights)
+        optimizer_state = weights_file.optimizer_state
+        weights_name = spec.weights
+    module.eval()
+    module.to(device=device, dtype=dtype)
+    optimizer = build_optimizer(spec, module, needed=optimizer_state is not None)
+    if optimizer is not None and optimizer_state is not None:
+        load_optimizer_state(optimizer, optimizer_state, str(spec.weights))
+    labels = read_labels(resolve_under(model_dir, spec.labels)) if spec.labels else None
+    preprocess, input_size = resolve_preprocess(spec, module)
+    num_classes = warm_up(module, input_size, device, dtype)
+    if labels is not None and num_classes is not None and len(labels) != num_classes:
+        raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
+    params = list(module.parameters())
+    return LoadedModel(
+        spec=spec,
+        module=module,
+        device=device,
+        dtype=dtype,
+        preprocess=preprocess,
+        input_size=input_size,
+        labels=labels,
+        optimizer=optimizer,
+        weights=weights_name,
+        num_classes=num_classes,
+        num_parameters=sum(p.numel() for p in params),
+        trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+        text=repr(module),
+    )
+
+
+def resolve_preprocess(spec: ModelSpec, module: nn.Module) -> tuple[PreprocessSpec, list[int]]:
+    """Config first, else timm's data config, else the ImageNet defaults sized to `input_size`."""
+    timm_cfg = _timm_data_config(module) if spec.source is Source.timm else None
+    if spec.preprocess is not None:
+        preprocess = spec.preprocess
+    elif timm_cfg is not None:
+        crop = int(timm_cfg["input_size"][-1])
+        preprocess = PreprocessSpec(
+            resize=math.floor(crop / float(timm_cfg.get("crop_pct", 0.875))),
+            crop=crop,
+            interpolation=Interpolation(timm_cfg.get("interpolation", "bilinear")),
+            mean=[float(m) for m in timm_cfg["mean"]],
+            std=[float(s) for s in timm_cfg["std"]],
+        )
+    elif spec.input_size is not None and len(spec.input_size) == 3 and spec.input_size[-1] != IMAGENET_CROP:
+        crop = spec.input_size[-1]
+        channels = spec.input_size[0]
+        preprocess = PreprocessSpec(
+            resize=round(crop * IMAGENET_RESIZE / IMAGENET_CROP),
+            crop=crop,
+            grayscale=channels == 1,
+            **({"mean": [0.449], "std": [0.226]} if channels == 1 else {}),
+        )
+    else:
+        preprocess = PreprocessSpec()
+    if spec.input_size is not None:
+        input_size = list(spec.input_size)
+    elif timm_cfg is not None:
+        input_size = [int(s) for s in timm_cfg["input_size"]]
+    else:
+        side = preprocess.crop or IMAGENET_CROP
+        input_size = [3, side, side]
+    return preprocess, input_size
+
+
+def _timm_data_config(module: nn.Module) -> dict[str, Any] | None:
+    from timm.data.config import resolve_data_config
+
+    try:
+        cfg: dict[str, Any] = resolve_data_config({}, model=module)  # type: ignore[no-untyped-call]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return cfg
+
+
+def warm_up(module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype) -> int | None:
+    """One forward on zeros: proves the model runs and tells whether it outputs class scores."""
+    x = torch.zeros((1, *input_size), device=device, dtype=dtype)
+    with torch.inference_mode():
+        out = module(x)
+    if isinstance(out, torch.Tensor) and out.ndim == 2:
+        return int(out.shape[1])
+    return None

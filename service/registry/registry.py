@@ -1,0 +1,131 @@
+"""The registry of models: background loading, status, lookup, add and remove at run time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from service.config import Settings
+from service.errors import Conflict, ModelLoadError, NotFound
+from service.registry.loaded import LoadedModel
+from service.registry.loader import load_model
+from service.registry.spec import ModelSpec
+from service.runtime.executor import BatchObserver, ExecutorConfig, ModelExecutor, release_device_memory
+
+log = logging.getLogger("hookserve.registry")
+
+
+class Status(StrEnum):
+    loading = "loading"
+    ready = "ready"
+    failed = "failed"
+
+
+@dataclass
+class Entry:
+    spec: ModelSpec
+    status: Status = Status.loading
+    error: str | None = None
+    model: LoadedModel | None = None
+    executor: ModelExecutor | None = None
+    load_seconds: float | None = None
+    root: Path | None = None  # model dir for this entry's paths; None = the server's
+    task: asyncio.Future[None] | None = field(default=None, repr=False)
+
+
+class Registry:
+    """Name -> Entry. Loading happens on a small thread pool so the event loop keeps serving."""
+
+    def __init__(self, settings: Settings, on_batch: BatchObserver | None = None) -> None:
+        self.settings = settings
+        self._entries: dict[str, Entry] = {}
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookserve-loader")
+        self._on_batch = on_batch
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def entry(self, name: str) -> Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise NotFound(f"no model named {name!r}; GET /models lists them")
+        return entry
+
+    def ready(self, name: str) -> tuple[LoadedModel, ModelExecutor]:
+        entry = self.entry(name)
+        if entry.status is not Status.ready or entry.model is None or entry.executor is None:
+            why = f": {entry.error}" if entry.error else ""
+            raise Conflict(f"model {name!r} is {entry.status}{why}")
+        return entry.model, entry.executor
+
+    def add(self, spec: ModelSpec, root: Path | None = None) -> Entry:
+        """Register a spec and start loading it in the background (replaces a failed entry)."""
+        existing = self._entries.get(spec.name)
+        if existing is not None and existing.status is not Status.failed:
+            raise Conflict(f"model {spec.name!r} already exists ({existing.status}); DELETE it first")
+        entry = Entry(spec, root=root)
+        self._entries[spec.name] = entry
+        loop = asyncio.get_running_loop()
+        entry.task = asyncio.ensure_future(self._load(entry, loop))
+        return entry
+
+    async def _load(self, entry: Entry, loop: asyncio.AbstractEventLoop) -> None:
+        started = time.perf_counter()
+        s = self.settings
+        try:
+            model = await loop.run_in_executor(
+                self._loader, load_model, entry.spec, entry.root or s.model_dir, s.device, s.allow_downloads
+            )
+        except ModelLoadError as exc:
+            entry.status, entry.error = Status.failed, str(exc)
+            log.warning("model %s failed to load: %s", entry.spec.name, exc)
+            return
+        if self._entries.get(entry.spec.name) is not entry:  # removed while loading
+            return
+        spec = entry.spec
+        config = ExecutorConfig(
+            threads=s.worker_threads,
+            torch_threads=s.torch_threads,
+            max_batch_size=spec.max_batch_size or s.max_batch_size,
+            max_batch_delay_ms=s.max_batch_delay_ms if spec.max_batch_delay_ms is None else spec.max_batch_delay_ms,
+            max_queue=s.max_queue,
+        )
+        entry.executor = ModelExecutor(model, config, self._on_batch)
+        entry.model = model
+        entry.load_seconds = time.perf_counter() - started
+        entry.status = Status.ready
+        log.info("model %s ready on %s in %.2fs", spec.name, model.device, entry.load_seconds)
+
+    async def wait_loaded(self) -> None:
+        tasks = [e.task for e in self._entries.values() if e.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def remove(self, name: str) -> Entry:
+        """Unregister, finish its queued jobs and release its memory before returning."""
+        entry = self.entry(name)
+        del self._entries[name]
+        if entry.task is not None and not entry.task.done():
+            await asyncio.gather(entry.task, return_exceptions=True)
+        executor, model = entry.executor, entry.model
+        entry.executor = entry.model = None
+        if executor is not None:
+            await asyncio.get_running_loop().run_in_executor(None, executor.stop, self.settings.shutdown_grace_s)
+        if model is not None:
+            device = model.device
+            del model
+            release_device_memory(device)
+        return entry
+
+    async def close(self) -> None:
+        for name in list(self._entries):
+            await self.remove(name)
+        self._loader.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,1 @@
+"""One executor per loaded model: worker threads, dynamic batching, a bounded queue."""

@@ -1,0 +1,55 @@
+"""One forward for several requests: concatenate, run, split the output back per request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from service.registry.loaded import LoadedModel
+
+
+def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor]) -> list[Any]:
+    """Forward the concatenation of `inputs` under inference_mode; one output slice per input."""
+    sizes = [int(x.shape[0]) for x in inputs]
+    with torch.inference_mode():
+        batch = inputs[0] if len(inputs) == 1 else torch.cat(list(inputs))
+        batch = to_device(batch, model.device, model.dtype)
+        output = model.module(batch)
+        if len(inputs) == 1:
+            return [to_cpu(output)]
+        return [to_cpu(part) for part in split_output(output, sizes)]
+
+
+def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype."""
+    if device.type == "cuda" and not x.is_pinned():
+        x = x.pin_memory()
+    x = x.to(device, non_blocking=device.type == "cuda")
+    if x.is_floating_point() and x.dtype != dtype:
+        x = x.to(dtype)
+    return x
+
+
+def split_output(output: Any, sizes: list[int]) -> list[Any]:
+    """Split a tensor / list / tuple / dict output along dim 0 into per-request parts."""
+    if isinstance(output, torch.Tensor):
+        return list(torch.split(output, sizes))
+    if isinstance(output, (list, tuple)):
+        parts = [split_output(o, sizes) for o in output]
+        return [type(output)(p[i] for p in parts) for i in range(len(sizes))]
+    if isinstance(output, dict):
+        split = {k: split_output(v, sizes) for k, v in output.items()}
+        return [{k: v[i] for k, v in split.items()} for i in range(len(sizes))]
+    return [output for _ in sizes]
+
+
+def to_cpu(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.detach().to("cpu") if output.device.type != "cpu" else output.detach()
+    if isinstance(output, (list, tuple)):
+        return type(output)(to_cpu(o) for o in output)
+    if isinstance(output, dict):
+        return {k: to_cpu(v) for k, v in output.items()}
+    return output

@@ -1,0 +1,177 @@
+"""The model executor: the only code that runs a model (DESIGN.md invariant 1).
+
+Worker threads take jobs from one bounded queue. Prediction jobs of the same input shape
+are merged into one batch (flushed at `max_batch_size`, after `max_batch_delay_ms`, or at
+once when no other request for this model is on its way) and run under the shared side of
+a reader-writer lock, so several batches may run in parallel. Jobs that register hooks run
+under the exclusive side: no other job touches the model while their hooks exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from service.errors import HookserveError, Unavailable
+from service.registry.loaded import LoadedModel
+from service.runtime.batching import run_batch
+from service.runtime.jobs import Job, JobKind, JobQueue
+from service.runtime.rwlock import ReadWriteLock
+
+T = TypeVar("T")
+log = logging.getLogger("hookserve.executor")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    threads: int = 1
+    torch_threads: int = 1
+    max_batch_size: int = 8
+    max_batch_delay_ms: float = 5.0
+    max_queue: int = 256
+
+
+@dataclass
+class ExecutorStats:
+    batches: int = 0
+    batched_samples: int = 0
+    exclusive_jobs: int = 0
+
+
+BatchObserver = Callable[[str, int], None]
+
+
+class ModelExecutor:
+    """Owns one LoadedModel; every torch call on it happens on this executor's threads."""
+
+    def __init__(self, model: LoadedModel, config: ExecutorConfig, on_batch: BatchObserver | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.stats = ExecutorStats()
+        self._queue = JobQueue(config.max_queue)
+        self._lock = ReadWriteLock()
+        self._incoming = 0
+        self._incoming_lock = threading.Lock()
+        self._on_batch = on_batch
+        self._threads = [
+            threading.Thread(target=self._work, name=f"hookserve-{model.name}-{i}", daemon=True)
+            for i in range(max(1, config.threads))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # ---- submission (event loop side) -------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def announce(self) -> None:
+        """A request for this model is being decoded: batchers may wait for it."""
+        with self._incoming_lock:
+            self._incoming += 1
+
+    def withdraw(self) -> None:
+        with self._incoming_lock:
+            self._incoming = max(0, self._incoming - 1)
+        self._queue.wake()
+
+    async def predict(
+        self, inputs: torch.Tensor, post: Callable[[Any], T] | None = None, *, announced: bool = False
+    ) -> Any:
+        """Forward `inputs` [N, ...] as part of a dynamic batch; returns `post(this request's output slice)`.
+
+        `announced`: the caller called `announce()` before decoding; withdrawn once the job is queued.
+        """
+        future: Future[Any] = Future()
+        try:
+            self._queue.put(Job(JobKind.predict, future, inputs=inputs, post=post))
+        finally:
+            if announced:
+                self.withdraw()
+        return await asyncio.wrap_future(future)
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on a worker thread while holding the model exclusively (hooks allowed)."""
+        future: Future[T] = Future()
+        self._queue.put(Job(JobKind.exclusive, future, fn=fn))
+        return await asyncio.wrap_future(future)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish queued jobs, then end the threads."""
+        self._queue.close()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # ---- worker side ------------------------------------------------------------------
+    def _more_coming(self) -> bool:
+        return self._incoming > 0
+
+    def _work(self) -> None:
+        torch.set_num_threads(max(1, self.config.torch_threads))
+        while (job := self._queue.take()) is not None:
+            if job.kind is JobKind.predict:
+                delay = self.config.max_batch_delay_ms / 1000.0
+                batch = self._queue.take_batch(job, self.config.max_batch_size, delay, self._more_coming)
+                live = [j for j in batch if j.future.set_running_or_notify_cancel()]
+                if live:
+                    self._run_predict(live)
+            elif job.future.set_running_or_notify_cancel():
+                self._run_exclusive(job)
+
+    def _run_predict(self, jobs: list[Job]) -> None:
+        try:
+            with self._lock.shared():
+                outputs = run_batch(self.model, [j.inputs for j in jobs if j.inputs is not None])
+        except BaseException as exc:  # every waiter must hear about the failure
+            error = _domain_error(exc, self.model)
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        self.stats.batches += 1
+        self.stats.batched_samples += sum(j.size for j in jobs)
+        if self._on_batch is not None:
+            self._on_batch(self.model.name, sum(j.size for j in jobs))
+        for job, output in zip(jobs, outputs, strict=True):
+            try:
+                job.future.set_result(job.post(output) if job.post is not None else output)
+            except BaseException as exc:
+                job.future.set_exception(_domain_error(exc, self.model))
+
+    def _run_exclusive(self, job: Job) -> None:
+        assert job.fn is not None  # exclusive jobs always carry a function
+        try:
+            with self._lock.exclusive():
+                result = job.fn()
+        except BaseException as exc:
+            job.future.set_exception(_domain_error(exc, self.model))
+            return
+        self.stats.exclusive_jobs += 1
+        job.future.set_result(result)
+
+
+def _domain_error(exc: BaseException, model: LoadedModel) -> BaseException:
+    """Device OOM becomes a 503 (caches released); domain errors pass; anything else is logged."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        release_device_memory(model.device)
+        return Unavailable(f"device out of memory running {model.name}; retry with fewer inputs", retry_after=2)
+    if not isinstance(exc, HookserveError):
+        log.error("job on %s failed", model.name, exc_info=exc)
+    return exc
+
+
+def release_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()

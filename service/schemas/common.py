@@ -1,0 +1,86 @@
+"""Shared request parts: inputs, JSON tensors, formats."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TENSOR_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+class TensorPayload(BaseModel):
+    """One already-preprocessed sample: `data` (nested or flat list) or `b64` (little-endian bytes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[int] = Field(..., max_length=8, examples=[[3, 32, 32]])
+    dtype: str = Field("float32", description=f"One of {', '.join(TENSOR_DTYPES)}.")
+    data: Any | None = Field(None, description="Numbers, nested to match shape or flat.")
+    b64: str | None = Field(None, description="Base64 of the raw little-endian bytes.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TensorPayload:
+        if (self.data is None) == (self.b64 is None):
+            raise ValueError("give exactly one of 'data' or 'b64'")
+        return self
+
+
+class InputItem(BaseModel):
+    """One input: an encoded image (base64) or a tensor."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str | None = Field(None, description="Base64 of a PNG/JPEG/WebP/BMP file.")
+    tensor: TensorPayload | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> InputItem:
+        if (self.image is None) == (self.tensor is None):
+            raise ValueError("each input needs exactly one of 'image' or 'tensor'")
+        return self
+
+
+class ModelInputs(BaseModel):
+    """The fields every model-running request shares."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(..., examples=["lenet"])
+    inputs: list[InputItem] = Field(..., min_length=1)
+
+
+class TensorJSON(BaseModel):
+    """A tensor in a JSON answer."""
+
+    shape: list[int]
+    dtype: str
+    data: Any = Field(..., description="Nested lists matching shape.")
+
+
+class TensorFormat(StrEnum):
+    """How tensors come back."""
+
+    json = "json"
+    safetensors = "safetensors"
+    npz = "npz"
+
+
+class ActivationFormat(StrEnum):
+    json = "json"
+    stats = "stats"
+    safetensors = "safetensors"
+    npz = "npz"
+    png = "png"
+
+
+class SaliencyFormat(StrEnum):
+    json = "json"
+    safetensors = "safetensors"
+    npz = "npz"
+    png = "png"
+
+
+class ErrorBody(BaseModel):
+    detail: Any = Field(..., examples=["no model named 'foo'; GET /models lists them"])
