@@ -1,0 +1,144 @@
+"""PNG pictures: feature-map grids (grayscale tiles, as in the classic VGG16 figure) and heatmap overlays."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from PIL import Image
+
+from service.codecs import colormap
+from service.errors import InvalidField
+
+SEPARATOR = 2  # px between tiles
+SEPARATOR_VALUE = 255  # white, so black (low) tiles stay distinct
+ROW_MAX = 4  # heatmap grids of up to this many inputs are a single row
+MIN_TILE = 32  # small feature maps are upscaled (nearest) to at least this many px
+
+Array = NDArray[np.float64]
+
+
+def feature_grid_png(fmap: torch.Tensor | NDArray[np.generic], max_channels: int = 64,
+                     tile_scale: int | None = None) -> bytes:
+    """Grayscale grid of the first `max_channels` channels of `fmap` `[C, h, w]` (or `[h, w]`).
+
+    Each channel is min-max scaled to 0..255 on its own (flat channels are black); tiles are
+    upscaled by `tile_scale` (nearest), by default so the longer side reaches ~32 px.
+    """
+    maps = _array(fmap)
+    if maps.ndim == 2:
+        maps = maps[None]
+    if maps.ndim != 3 or 0 in maps.shape:
+        raise InvalidField(
+            f"a png grid needs a layer output with channels and spatial dims [C, h, w]; this one is "
+            f"{list(maps.shape)} per input: ask for format json, stats or a binary format instead"
+        )
+    if max_channels < 1:
+        raise InvalidField(f"max_channels must be at least 1, got {max_channels}")
+    maps = maps[:max_channels]
+    channels, h, w = maps.shape
+    scale = tile_scale if tile_scale is not None else max(1, math.ceil(MIN_TILE / max(h, w)))
+    if scale < 1:
+        raise InvalidField(f"tile_scale must be at least 1, got {scale}")
+    tiles = [_upscale(_to_uint8(channel), scale) for channel in maps]
+    cols = math.ceil(math.sqrt(channels))
+    return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))
+
+
+def heatmap_overlay(image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic],
+                    alpha: float = 0.5) -> NDArray[np.uint8]:
+    """`[H, W, 3]` uint8: `(1 - alpha) * image + alpha * colormap(heatmap)` (grayscale repeated to RGB)."""
+    rgb = _rgb(_array(image))
+    heat = _array(heatmap)
+    if heat.shape != rgb.shape[:2]:
+        raise ValueError(f"heatmap {list(heat.shape)} does not match the image's H×W {list(rgb.shape[:2])}")
+    if not 0.0 <= alpha <= 1.0:
+        raise InvalidField(f"alpha must be in [0, 1], got {alpha}")
+    colours = colormap.apply(heat).astype(np.float64) / 255.0
+    blended = (1.0 - alpha) * rgb + alpha * colours
+    return np.round(np.clip(blended, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def heatmap_overlay_png(image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic],
+                        alpha: float = 0.5) -> bytes:
+    """PNG of a heatmap `[H, W]` in [0, 1] blended over an image `[C, H, W]` in [0, 1] (de-normalised)."""
+    return _encode(heatmap_overlay(image, heatmap, alpha))
+
+
+def heatmap_grid_png(images: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
+                     heatmaps: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
+                     alpha: float = 0.5) -> bytes:
+    """Several overlays in input order: one row for up to four, else a near-square grid."""
+    if len(images) != len(heatmaps) or len(images) == 0:
+        raise ValueError(f"need as many heatmaps as images (at least one), got {len(images)} and {len(heatmaps)}")
+    tiles = [heatmap_overlay(image, heat, alpha) for image, heat in zip(images, heatmaps, strict=True)]
+    cols = len(tiles) if len(tiles) <= ROW_MAX else math.ceil(math.sqrt(len(tiles)))
+    return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))
+
+
+def _array(value: torch.Tensor | NDArray[np.generic]) -> Array:
+    """Float64 NumPy copy of a tensor (any device/dtype) or array."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device="cpu", dtype=torch.float64).numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def _to_uint8(channel: Array) -> NDArray[np.uint8]:
+    """Min-max scale one map to 0..255 over its finite values; non-finite and flat maps give 0."""
+    finite = np.isfinite(channel)
+    if not finite.any():
+        return np.zeros(channel.shape, dtype=np.uint8)
+    low, high = float(channel[finite].min()), float(channel[finite].max())
+    if high <= low:
+        return np.zeros(channel.shape, dtype=np.uint8)
+    scaled = (np.where(finite, channel, low) - low) / (high - low)
+    return np.round(np.clip(scaled, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def _upscale(tile: NDArray[np.uint8], scale: int) -> NDArray[np.uint8]:
+    """Nearest-neighbour upscaling by an integer factor along both spatial axes."""
+    if scale == 1:
+        return tile
+    return np.repeat(np.repeat(tile, scale, axis=0), scale, axis=1)
+
+
+def _rgb(image: Array) -> Array:
+    """`[C, H, W]` (or `[H, W]`) in [0, 1] to `[H, W, 3]`: 1 channel repeated, 3+ channels' first three."""
+    if image.ndim == 2:
+        image = image[None]
+    if image.ndim != 3 or image.shape[0] == 0:
+        raise ValueError(f"an overlay needs an image [C, H, W], got {list(image.shape)}")
+    if image.shape[0] >= 3:
+        rgb = image[:3]
+    elif image.shape[0] == 1:
+        rgb = np.repeat(image, 3, axis=0)
+    else:
+        rgb = np.repeat(image.mean(axis=0, keepdims=True), 3, axis=0)
+    return np.clip(np.nan_to_num(rgb.transpose(1, 2, 0), nan=0.0), 0.0, 1.0)
+
+
+def _grid(tiles: Sequence[NDArray[np.uint8]], cols: int, fill: int) -> NDArray[np.uint8]:
+    """Tiles (same-dtype `[h, w]` or `[h, w, 3]`) row-major in `cols` columns with separators."""
+    rows = math.ceil(len(tiles) / cols)
+    th = max(t.shape[0] for t in tiles)
+    tw = max(t.shape[1] for t in tiles)
+    extra = tiles[0].shape[2:]
+    height = rows * th + (rows - 1) * SEPARATOR
+    width = cols * tw + (cols - 1) * SEPARATOR
+    canvas = np.full((height, width, *extra), fill, dtype=np.uint8)
+    for i, tile in enumerate(tiles):
+        top = (i // cols) * (th + SEPARATOR)
+        left = (i % cols) * (tw + SEPARATOR)
+        canvas[top : top + tile.shape[0], left : left + tile.shape[1]] = tile
+    return canvas
+
+
+def _encode(pixels: NDArray[np.uint8]) -> bytes:
+    """PNG bytes of an `[H, W]` (L) or `[H, W, 3]` (RGB) uint8 array."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")  # uint8 2-D: L, 3-D: RGB
+    return buffer.getvalue()
