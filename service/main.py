@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
-from service.api import health, models, predict
+from service.api import activations, attribution, checkpoints, health, introspect, models, predict
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.openapi import install_openapi
@@ -69,7 +69,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     install_openapi(app)
-    for router in (health.router, models.router, predict.router):
+    for router in (
+        health.router,
+        models.router,
+        predict.router,
+        activations.router,
+        attribution.router,
+        introspect.router,
+        checkpoints.router,
+    ):
         app.include_router(router)
     if settings.cors_origins:
         app.add_middleware(

@@ -65,7 +65,10 @@ async def _parse_multipart(request: Request, model_cls: type[M], settings: Setti
     try:
         form = await request.form(max_files=settings.max_inputs + 1, max_fields=256, max_part_size=4 * 1024 * 1024)
     except Exception as exc:  # starlette raises several types for malformed forms
-        raise BadInput(f"malformed multipart form: {getattr(exc, 'detail', type(exc).__name__)}") from None
+        message = str(getattr(exc, "detail", "")) or type(exc).__name__
+        if message.startswith("Too many files"):
+            raise TooLarge(f"more than {settings.max_inputs} images (max_inputs)") from None
+        raise BadInput(f"malformed multipart form: {message}") from None
     try:
         data: dict[str, Any] = {}
         images: list[bytes] = []

@@ -29,6 +29,11 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": _ERROR_TEXT[code]} for code in codes}
 
 
+def register_schema(model_cls: type[BaseModel]) -> None:
+    """Put a model that no route parameter names into the schema's components."""
+    _BODY_MODELS.append(model_cls)
+
+
 def body_with_multipart(model_cls: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` for a path that reads its body itself (JSON or multipart form)."""
     _BODY_MODELS.append(model_cls)

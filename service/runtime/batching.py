@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from service.errors import InvalidField
 from service.registry.loaded import LoadedModel
 
 
@@ -16,10 +17,26 @@ def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor]) -> list[Any]:
     with torch.inference_mode():
         batch = inputs[0] if len(inputs) == 1 else torch.cat(list(inputs))
         batch = to_device(batch, model.device, model.dtype)
-        output = model.module(batch)
+        output = forward_checked(model, batch)
         if len(inputs) == 1:
             return [to_cpu(output)]
         return [to_cpu(part) for part in split_output(output, sizes)]
+
+
+def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
+    """`model.module(batch)`; a failure on a sample shape other than the model's own is the client's (422)."""
+    try:
+        return model.module(batch)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, ValueError, IndexError) as exc:
+        sample = list(batch.shape[1:])
+        if sample == list(model.input_size):
+            raise
+        reason = next(iter(str(exc).strip().splitlines()), "") or type(exc).__name__
+        raise InvalidField(
+            f"{model.name} cannot run on samples of shape {sample} (its input size is {model.input_size}): {reason}"
+        ) from None
 
 
 def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -105,6 +105,12 @@ class ModelExecutor:
         self._queue.put(Job(JobKind.exclusive, future, fn=fn))
         return await asyncio.wrap_future(future)
 
+    async def run_shared(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on a worker thread beside prediction batches (reads only, no hooks)."""
+        future: Future[T] = Future()
+        self._queue.put(Job(JobKind.shared, future, fn=fn))
+        return await asyncio.wrap_future(future)
+
     def stop(self, timeout: float = 30.0) -> None:
         """Finish queued jobs, then end the threads."""
         self._queue.close()
@@ -126,7 +132,7 @@ class ModelExecutor:
                 if live:
                     self._run_predict(live)
             elif job.future.set_running_or_notify_cancel():
-                self._run_exclusive(job)
+                self._run_function(job)
 
     def _run_predict(self, jobs: list[Job]) -> None:
         try:
@@ -147,15 +153,17 @@ class ModelExecutor:
             except BaseException as exc:
                 job.future.set_exception(_domain_error(exc, self.model))
 
-    def _run_exclusive(self, job: Job) -> None:
-        assert job.fn is not None  # exclusive jobs always carry a function
+    def _run_function(self, job: Job) -> None:
+        assert job.fn is not None  # exclusive and shared jobs always carry a function
+        lock = self._lock.exclusive() if job.kind is JobKind.exclusive else self._lock.shared()
         try:
-            with self._lock.exclusive():
+            with lock:
                 result = job.fn()
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
             return
-        self.stats.exclusive_jobs += 1
+        if job.kind is JobKind.exclusive:
+            self.stats.exclusive_jobs += 1
         job.future.set_result(result)
 
 

@@ -19,6 +19,7 @@ from service.errors import Unavailable
 class JobKind(StrEnum):
     predict = "predict"  # batched with other predictions, model held shared
     exclusive = "exclusive"  # registers hooks: model held exclusively
+    shared = "shared"  # reads the model without hooks (metadata, stats): held shared
 
 
 @dataclass(eq=False)

@@ -1,0 +1,37 @@
+# hookserve: `make run` serves the built-in models, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+
+.PHONY: install run test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m service
+
+test: $(STAMP)  ## the whole suite; pytest's exit 5 (no tests collected) is a failure
+	$(PY) -m pytest -q -p no:cacheprovider; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check service tests bench
+	$(VENV)/bin/ruff format --check service tests bench
+	$(VENV)/bin/mypy service bench
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,103 @@
+"""POST /checkpoints/inspect: what is in a checkpoint, without executing any pickle."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from service.api.inputs import validate
+from service.api.openapi import error_responses, register_schema
+from service.api.responses import json_response
+from service.api.state import AppState, StateDep
+from service.errors import BadInput, InvalidField
+from service.introspection.checkpoint import inspect_checkpoint
+from service.registry.paths import resolve_under
+from service.schemas.introspection import CheckpointInspection, CheckpointPath
+
+router = APIRouter(tags=["introspection"])
+register_schema(CheckpointPath)
+
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary", "description": "The checkpoint."}},
+                    "required": ["file"],
+                }
+            },
+            "application/json": {"schema": {"$ref": "#/components/schemas/CheckpointPath"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/checkpoints/inspect",
+    response_model=CheckpointInspection,
+    summary="State dicts, optimizer states and scalars in a checkpoint; never runs a pickle",
+    openapi_extra=_BODY,
+    responses=error_responses(400, 403, 404, 409, 413, 422),
+)
+async def inspect(
+    request: Request,
+    state: StateDep,
+    compare_to: Annotated[
+        str | None, Query(description="A model name: report missing/unexpected keys and shape mismatches.")
+    ] = None,
+    stats: Annotated[bool, Query(description="Add finite statistics to every state-dict entry.")] = False,
+) -> Response:
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        with tempfile.TemporaryDirectory(prefix="hookserve-ckpt-") as tmp:
+            path = Path(tmp) / "upload"
+            await _save_upload(request, path)
+            result = await _inspect(state, path, compare_to, stats)
+    else:
+        body = validate(CheckpointPath, await _json(request))
+        path = resolve_under(state.settings.model_dir, body.path)
+        result = await _inspect(state, path, compare_to, stats)
+    return await json_response(result, state.settings)
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadInput("body is not valid JSON; send {\"path\": ...} or a multipart 'file'") from None
+
+
+async def _save_upload(request: Request, path: Path) -> None:
+    """The form parser spools the file to disk; copy it to a named file torch can mmap."""
+    try:
+        form = await request.form(max_files=1, max_fields=4)
+    except Exception as exc:  # starlette raises several types for malformed forms
+        raise BadInput(f"malformed multipart form: {getattr(exc, 'detail', type(exc).__name__)}") from None
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidField("multipart requests need a 'file' field holding the checkpoint")
+
+        def copy() -> None:
+            with path.open("wb") as out:
+                shutil.copyfileobj(upload.file, out, 1024 * 1024)
+
+        await run_in_threadpool(copy)
+    finally:
+        await form.close()
+
+
+async def _inspect(state: AppState, path: Path, compare_to: str | None, stats: bool) -> dict[str, Any]:
+    if compare_to is None:
+        return await run_in_threadpool(inspect_checkpoint, path, None, stats)
+    model, executor = state.registry.ready(compare_to)
+    return await executor.run_shared(lambda: inspect_checkpoint(path, model.module, stats))

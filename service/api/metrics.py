@@ -1,0 +1,160 @@
+"""Prometheus metrics: one CollectorRegistry per app (tests build many apps), `GET /metrics`.
+
+Request counters and histograms are updated by the observability middleware and the
+executors' batch callback; model state, load time, queue depth and device memory are read
+from the Registry at scrape time by a custom collector, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.registry.registry import Registry, Status
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+RegistrySource = Callable[[], Registry | None]
+
+
+class RegistryCollector(Collector):
+    """Scrape-time gauges over the model registry (and CUDA memory when a GPU is present)."""
+
+    def __init__(self, source: RegistrySource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "hookserve_model_state", "1 for the model's current status, 0 for the others.", labels=["model", "state"]
+        )
+        load = GaugeMetricFamily("hookserve_model_load_seconds", "Seconds the model took to load.", labels=["model"])
+        depth = GaugeMetricFamily(
+            "hookserve_queue_depth", "Jobs waiting in the model's executor queue.", labels=["model"]
+        )
+        registry = self._source()
+        for entry in registry.entries() if registry is not None else []:
+            name = entry.spec.name
+            for status in Status:
+                state.add_metric([name, status.value], 1.0 if entry.status is status else 0.0)
+            if entry.load_seconds is not None:
+                load.add_metric([name], entry.load_seconds)
+            if entry.executor is not None:
+                depth.add_metric([name], float(entry.executor.queue_depth))
+        yield from (state, load, depth)
+        yield from device_memory_families()
+
+
+def device_memory_families() -> list[Metric]:
+    """Allocated and reserved bytes per CUDA device; nothing when CUDA is unavailable."""
+    if not torch.cuda.is_available():
+        return []
+    allocated = GaugeMetricFamily(
+        "hookserve_device_memory_allocated_bytes", "Bytes held by tensors on the device.", labels=["device"]
+    )
+    reserved = GaugeMetricFamily(
+        "hookserve_device_memory_reserved_bytes", "Bytes held by torch's caching allocator.", labels=["device"]
+    )
+    for index in range(torch.cuda.device_count()):
+        device = f"cuda:{index}"
+        allocated.add_metric([device], float(torch.cuda.memory_allocated(index)))
+        reserved.add_metric([device], float(torch.cuda.memory_reserved(index)))
+    return [allocated, reserved]
+
+
+class Metrics:
+    """The app's collectors: requests, latency and batch sizes, plus the registry collector."""
+
+    def __init__(self, source: RegistrySource) -> None:
+        self.source = source
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "hookserve_requests",
+            "HTTP requests by route template, method, model and status code.",
+            ["route", "method", "model", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "hookserve_request_duration_seconds",
+            "Time from request start to the last response byte, by route template.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "hookserve_batch_size",
+            "Samples per prediction batch run by the model's executor.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(RegistryCollector(source))
+
+    def observe_request(self, route: str, method: str, model: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, model, str(status)).inc()
+        self.latency.labels(route, method).observe(seconds)
+
+    def observe_batch(self, model: str, size: int) -> None:
+        """The executors' `on_batch` callback (called on worker threads; prometheus-client is thread-safe)."""
+        self.batch_size.labels(model).observe(size)
+
+    def knows_model(self, name: str) -> bool:
+        registry = self.source()
+        return registry is not None and name in registry
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition in the format the scraper asks for (classic text or OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+def app_registry(app: FastAPI) -> RegistrySource:
+    """Reads `app.state.hookserve.registry`, which exists only while the lifespan runs."""
+
+    def source() -> Registry | None:
+        state = getattr(app.state, "hookserve", None)
+        registry: Registry | None = getattr(state, "registry", None)
+        return registry
+
+    return source
+
+
+def metrics_of(app: FastAPI) -> Metrics:
+    """The app's Metrics, created on first use and kept on `app.state.metrics`."""
+    metrics: Metrics | None = getattr(app.state, "metrics", None)
+    if metrics is None:
+        metrics = Metrics(app_registry(app))
+        app.state.metrics = metrics
+    return metrics
+
+
+def batch_observer(app: FastAPI) -> Callable[[str, int], None]:
+    """Pass as `Registry(settings, on_batch=batch_observer(app))`: feeds `hookserve_batch_size`."""
+    return metrics_of(app).observe_batch
+
+
+router = APIRouter(tags=["monitoring"])
+
+_EXAMPLE = (
+    "# HELP hookserve_requests_total HTTP requests by route template, method, model and status code.\n"
+    "# TYPE hookserve_requests_total counter\n"
+    'hookserve_requests_total{method="POST",model="lenet",route="/predict",status="200"} 3.0\n'
+    'hookserve_model_state{model="lenet",state="ready"} 1.0\n'
+)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text exposition; OpenMetrics when the Accept header asks for it)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}, "example": _EXAMPLE}}}},
+)
+def metrics(request: Request) -> Response:
+    body, content_type = metrics_of(request.app).render(request.headers.get("accept"))
+    return Response(body, media_type=content_type)

@@ -1,0 +1,1 @@
+"""Pure torch introspection: layers, hooks, captures, statistics, summaries, state dicts, checkpoints."""

@@ -1,0 +1,104 @@
+"""Request-scoped capture of layer inputs and outputs (the tensors behind /activations).
+
+Keys: a layer's first call is `name`, its k-th call in the same forward `name#k`; a
+tuple/list output adds the element index (`name.0`, `name#2.1`), a dict output its key
+(`name.logits`), nested containers both (`name.1.0`); non-tensor elements are skipped.
+Inputs are the forward-pre hook's arguments: one positional argument is keyed like an
+output (`name`), several get their position (`name.0`, `name.1`), keyword tensors their
+keyword (`name.mask`). Every tensor is cloned when its hook fires, so later in-place ops
+(e.g. `ReLU(inplace=True)`) cannot change it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from torch import Tensor, nn
+
+from service.errors import InvalidField
+from service.introspection.hooks import HookScope
+
+T = TypeVar("T")
+
+Captured = dict[str, dict[str, Tensor]]
+
+
+class Capture(StrEnum):
+    """Which side of a layer /activations records."""
+
+    output = "output"
+    input = "input"
+    both = "both"
+
+
+def capture_activations(
+    model: nn.Module, layer_names: Sequence[str], capture: Capture, run: Callable[[], T]
+) -> tuple[T, Captured]:
+    """Hook the named layers, call `run()` (the caller's forward), unhook, return its result and captures.
+
+    Captures map a key (module docstring) to `{"output": t}`, `{"input": t}` or both, each a
+    detached CPU copy. Hooks live in a `HookScope` and are removed even when `run` raises.
+    State is local to the call, so concurrent calls on different models never mix tensors.
+    """
+    capture = Capture(capture)  # a plain "both" string works too
+    modules = dict(model.named_modules())
+    unknown = [name for name in layer_names if name not in modules]
+    if unknown:
+        raise InvalidField(f"unknown layers: {', '.join(repr(n) for n in unknown)}")
+    captured: Captured = {}
+    with HookScope(model) as scope:
+        for name in dict.fromkeys(layer_names):
+            recorder = _Recorder(name, captured, capture)
+            module = modules[name]
+            scope.add(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
+            if capture is not Capture.input:
+                scope.add(module.register_forward_hook(recorder.hook))
+        result = run()
+    return result, {key: {side: t.cpu() for side, t in sides.items()} for key, sides in captured.items()}
+
+
+class _Recorder:
+    """Hooks of one layer: the pre-hook numbers the call (a stack, so re-entrant calls pair up)."""
+
+    def __init__(self, name: str, captured: Captured, capture: Capture) -> None:
+        self.name = name
+        self.captured = captured
+        self.capture = capture
+        self.calls = 0
+        self.open: list[str] = []
+
+    def pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls += 1
+        base = self.name if self.calls == 1 else f"{self.name}#{self.calls}"
+        self.open.append(base)
+        if self.capture is Capture.output:
+            return
+        if len(args) == 1 and not any(isinstance(v, Tensor) for v in kwargs.values()):
+            items = _flatten(base, args[0])
+        else:
+            items = itertools.chain(_flatten(base, args), _flatten(base, kwargs))
+        for key, t in items:
+            self._store(key, "input", t)
+
+    def hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        base = self.open.pop()
+        for key, t in _flatten(base, output):
+            self._store(key, "output", t)
+
+    def _store(self, key: str, side: str, t: Tensor) -> None:
+        self.captured.setdefault(key, {})[side] = t.detach().clone()
+
+
+def _flatten(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:
+    """(key, tensor) pairs of a layer's output or arguments; see the module docstring."""
+    if isinstance(value, Tensor):
+        yield key, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _flatten(f"{key}.{k}", v)
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _flatten(f"{key}.{i}", v)

@@ -1,0 +1,112 @@
+"""The module tree of a model, and turning user-given layer names and patterns into module paths."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+from service.errors import InvalidField
+
+_WILDCARDS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class LayerNode:
+    """One entry of `/layers`: a module path, its class, nesting depth, subtree parameters, children."""
+
+    name: str
+    type: str
+    depth: int
+    num_parameters: int
+    children: list[str]
+
+
+def layer_tree(model: nn.Module) -> list[LayerNode]:
+    """Every named submodule in `named_modules()` order; the root is `""` at depth 0."""
+    named = list(model.named_modules(remove_duplicate=True))
+    names = {name for name, _ in named}
+    nodes = []
+    for name, module in named:
+        children = [_join(name, child) for child, _ in module.named_children()]
+        nodes.append(
+            LayerNode(
+                name=name,
+                type=type(module).__name__,
+                depth=_depth(name),
+                num_parameters=sum(p.numel() for p in module.parameters() if not is_lazy(p)),
+                children=[child for child in children if child in names],
+            )
+        )
+    return nodes
+
+
+def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -> list[str]:
+    """Module paths named by exact names or fnmatch patterns, in `named_modules()` order, deduplicated.
+
+    A pattern never matches the root; only the exact name `""` does. Unknown names, empty
+    matches, an empty list and more than `max_layers` results are InvalidField (422).
+    """
+    if not patterns:
+        raise InvalidField("layers: name at least one layer (GET /models/{name}/layers lists them)")
+    names = [name for name, _ in model.named_modules(remove_duplicate=True)]
+    known = set(names)
+    chosen: set[str] = set()
+    problems = []
+    for pattern in patterns:
+        if _WILDCARDS.intersection(pattern):
+            found = {name for name in names if name and fnmatch.fnmatchcase(name, pattern)}
+            if not found:
+                problems.append(f"pattern {pattern!r} matches no layer{_hint(pattern, names)}")
+            chosen |= found
+        elif pattern in known:
+            chosen.add(pattern)
+        else:
+            problems.append(f"unknown layer {pattern!r}{_hint(pattern, names)}")
+    if problems:
+        raise InvalidField("; ".join(problems) + " (GET /models/{name}/layers lists them)")
+    if len(chosen) > max_layers:
+        raise InvalidField(
+            f"layers: {len(chosen)} layers match, more than the limit of {max_layers}; "
+            "name fewer layers or use narrower patterns"
+        )
+    return [name for name in names if name in chosen]
+
+
+def closest_names(name: str, names: Sequence[str], n: int = 5) -> list[str]:
+    """Up to `n` names like `name`: difflib's closest, else those sharing the longest prefix with it."""
+    candidates = [c for c in names if c]
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.6)
+    if close:
+        return close
+    for size in range(len(name), 0, -1):
+        prefixed = [c for c in candidates if c.startswith(name[:size])]
+        if prefixed:
+            return prefixed[:n]
+    return [c for c in candidates if "." not in c][:n]
+
+
+def last_conv2d(model: nn.Module) -> str | None:
+    """Name of the last `nn.Conv2d` in `named_modules()` order (Grad-CAM's default layer)."""
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            found = name
+    return found
+
+
+def _hint(name: str, names: Sequence[str]) -> str:
+    close = closest_names(name, names)
+    return f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _depth(name: str) -> int:
+    return name.count(".") + 1 if name else 0

@@ -1,0 +1,42 @@
+"""The /activations job: one forward with request-scoped hooks, run on the model's executor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from service.introspection.capture import Capture, Captured, capture_activations
+from service.introspection.tensor_stats import Reduce, reduce_tensor
+from service.registry.loaded import LoadedModel
+from service.runtime.batching import to_device
+from service.runtime.predictions import top_k_predictions
+
+
+@dataclass
+class ActivationsResult:
+    captured: Captured
+    predictions: list[dict[str, Any]] | None
+
+
+def run_activations(
+    model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], capture: Capture, reduce: Reduce | None
+) -> ActivationsResult:
+    """Forward `inputs` with hooks on `layers` (removed before returning, even on failure)."""
+    x = to_device(inputs, model.device, model.dtype)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return model.module(x)
+
+    output, captured = capture_activations(model.module, layers, capture, forward)
+    if reduce is not None:
+        captured = {
+            key: {side: reduce_tensor(t, reduce) for side, t in sides.items()} for key, sides in captured.items()
+        }
+    predictions = None
+    if isinstance(output, torch.Tensor) and output.ndim == 2:
+        predictions = top_k_predictions(output.detach().cpu(), 5, model, include_logits=False)
+    return ActivationsResult(captured, predictions)

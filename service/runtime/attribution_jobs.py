@@ -1,0 +1,57 @@
+"""The /gradients and /saliency jobs, run on the model's executor while it is held exclusively."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from service.introspection.gradients import GradientResult, compute_gradients
+from service.introspection.saliency import SaliencyItem, SaliencyMethod, compute_saliency
+from service.introspection.targets import TargetSpec, class_scores, resolve_targets
+from service.registry.loaded import LoadedModel
+from service.runtime.batching import to_device
+
+
+def run_gradients(
+    model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], target: TargetSpec, include_input: bool
+) -> GradientResult:
+    x = to_device(inputs, model.device, model.dtype)
+    result = compute_gradients(model.module, x, layers, target=target, labels=model.labels, include_input=include_input)
+    result.gradients = {k: v.cpu() for k, v in result.gradients.items()}
+    return result
+
+
+def run_saliency(
+    model: LoadedModel,
+    inputs: torch.Tensor,
+    method: SaliencyMethod,
+    target: TargetSpec,
+    *,
+    layer: str | None,
+    steps: int,
+    samples: int,
+    noise: float,
+    seed: int,
+    ig_internal_batch_size: int,
+) -> list[SaliencyItem]:
+    x = to_device(inputs, model.device, model.dtype)
+    with torch.inference_mode():
+        logits = class_scores(model.module(x))
+    targets = resolve_targets(target, logits, model.labels)
+    items = compute_saliency(
+        model.module,
+        x,
+        method,
+        targets,
+        layer_name=layer,
+        steps=steps,
+        samples=samples,
+        noise=noise,
+        seed=seed,
+        ig_internal_batch_size=ig_internal_batch_size,
+    )
+    return [
+        SaliencyItem(i.target, i.score, i.probability, i.attribution.cpu(), i.heatmap.cpu(), i.convergence_delta)
+        for i in items
+    ]

@@ -1,0 +1,115 @@
+"""The Open Inference Protocol repository extension over the registry: index, load, unload.
+
+Unloading forgets a model's executor and memory but remembers its spec (per registry), so a
+later load brings the same model back, as Triton's repository does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import orjson
+from pydantic import ValidationError
+
+from service.errors import Conflict, InvalidField, NotFound
+from service.registry.registry import Entry, Registry, Status
+from service.registry.spec import ModelSpec
+
+
+class RepositoryState(StrEnum):
+    READY = "READY"
+    LOADING = "LOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    spec: ModelSpec
+    root: Path | None
+
+
+_UNLOADED: WeakKeyDictionary[Registry, dict[str, Unloaded]] = WeakKeyDictionary()
+
+
+def _memory(registry: Registry) -> dict[str, Unloaded]:
+    return _UNLOADED.setdefault(registry, {})
+
+
+def repository_index(registry: Registry, ready_only: bool = False) -> list[dict[str, Any]]:
+    """Every registered or unloaded model with its state and the reason it is not ready, sorted by name."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name in _memory(registry):
+        rows[name] = {"name": name, "version": "1", "state": RepositoryState.UNAVAILABLE, "reason": "unloaded"}
+    for entry in registry.entries():
+        state, reason = _state(entry)
+        rows[entry.spec.name] = {"name": entry.spec.name, "version": "1", "state": state, "reason": reason}
+    listed = [rows[name] for name in sorted(rows)]
+    return [row for row in listed if row["state"] is RepositoryState.READY] if ready_only else listed
+
+
+def _state(entry: Entry) -> tuple[RepositoryState, str]:
+    if entry.status is Status.ready:
+        return RepositoryState.READY, ""
+    if entry.status is Status.loading:
+        return RepositoryState.LOADING, "loading"
+    return RepositoryState.UNAVAILABLE, entry.error or "failed to load"
+
+
+async def load(registry: Registry, name: str, config: str | None = None) -> Entry:
+    """Load `name` and wait until it is ready: a new spec from `config` (JSON), else the one it had.
+
+    Already ready or loading: waits for it. A failed model is loaded again. A load that fails is a 409.
+    """
+    memory = _memory(registry)
+    spec = _spec_from_config(name, config) if config is not None else None
+    if name in registry:
+        entry = registry.entry(name)
+        if entry.status is Status.failed:
+            entry = registry.add(spec, root=None) if spec is not None else registry.add(entry.spec, root=entry.root)
+        elif spec is not None:
+            raise Conflict(f"model {name!r} is {entry.status}; unload it before loading a new config")
+    elif spec is not None:
+        entry = registry.add(spec, root=None)
+    elif name in memory:
+        entry = registry.add(memory[name].spec, root=memory[name].root)
+    else:
+        raise NotFound(f"no model named {name!r}; give parameters.config (a model spec as JSON) to load a new one")
+    memory.pop(name, None)
+    if entry.task is not None:
+        await asyncio.shield(entry.task)
+    if entry.status is not Status.ready:
+        raise Conflict(f"model {name!r} failed to load: {entry.error or entry.status}")
+    return entry
+
+
+def _spec_from_config(name: str, config: str) -> ModelSpec:
+    try:
+        data = orjson.loads(config)
+    except orjson.JSONDecodeError:
+        raise InvalidField("parameters.config must be a model spec as a JSON string") from None
+    if not isinstance(data, dict):
+        raise InvalidField("parameters.config must be a JSON object (the fields of POST /models)")
+    if data.setdefault("name", name) != name:
+        raise InvalidField(f"parameters.config names {data['name']!r}, but the path names {name!r}")
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = (f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+        raise InvalidField("parameters.config: " + "; ".join(problems)) from None
+
+
+async def unload(registry: Registry, name: str) -> None:
+    """Release the model and remember its spec; unloading an unloaded model is a no-op."""
+    memory = _memory(registry)
+    if name not in registry:
+        if name in memory:
+            return
+        raise NotFound(f"no model named {name!r}; POST /v2/repository/index lists them")
+    entry = registry.entry(name)
+    memory[name] = Unloaded(entry.spec, entry.root)
+    await registry.remove(name)

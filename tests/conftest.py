@@ -1,0 +1,80 @@
+"""Shared fixtures: apps over the built-in registry or a config written into a temp model dir."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from service.config import Settings
+from service.main import create_app
+from service.zoo.lenet import samples_dir
+
+torch.set_num_threads(1)
+
+ClientFactory = Callable[..., TestClient]
+
+
+def wait_settled(client: TestClient, timeout: float = 120.0) -> None:
+    """Block until no model is `loading` (ready or failed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        models = client.get("/models").json()["models"]
+        if all(m["status"] != "loading" for m in models):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("models still loading")
+
+
+@pytest.fixture(scope="session")
+def builtin_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """The built-in registry (lenet, resnet18, efficientvit_b0), shared by the whole session."""
+    settings = Settings(model_dir=tmp_path_factory.mktemp("models"), worker_threads=2, torch_threads=1)
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        yield client
+
+
+@pytest.fixture
+def make_client(tmp_path: Path) -> Iterator[ClientFactory]:
+    """`make_client(toml_text, **settings)`: an app over a models TOML in `tmp_path` (the model dir)."""
+    stack: list[TestClient] = []
+
+    def factory(config: str | None = None, *, wait: bool = True, **overrides: Any) -> TestClient:
+        config_path = None
+        if config is not None:
+            config_path = tmp_path / "models.toml"
+            config_path.write_text(config)
+        settings = Settings(model_dir=tmp_path, config=config_path, **overrides)
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        stack.append(client)
+        if wait:
+            wait_settled(client)
+        return client
+
+    yield factory
+    for client in reversed(stack):
+        client.__exit__(None, None, None)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def sample_png(label: int) -> bytes:
+    """A held-out digits sample shipped with the package, as PNG bytes."""
+    return (samples_dir() / f"digit_{label}.png").read_bytes()
+
+
+def tensor_input(t: torch.Tensor, *, as_b64: bool = False) -> dict[str, Any]:
+    """One JSON tensor input for the API."""
+    if as_b64:
+        return {"tensor": {"shape": list(t.shape), "dtype": "float32", "b64": b64(t.float().numpy().tobytes())}}
+    return {"tensor": {"shape": list(t.shape), "dtype": "float32", "data": t.float().tolist()}}
