@@ -33,7 +33,13 @@ class Settings(BaseSettings):
 
     # threads
     worker_threads: int = Field(default_factory=_default_threads, description="Executor threads per model.")
-    torch_threads: int = Field(1, description="Intra-op torch threads per executor thread.")
+    cpu_threads: int = Field(
+        default_factory=_default_threads, description="Intra-op threads all CPU jobs share (the cores)."
+    )
+    torch_threads: int = Field(
+        default_factory=_default_threads,
+        description="Most intra-op threads one job takes when it runs alone; under load each job takes one.",
+    )
     decode_threads: int = Field(default_factory=_default_threads, description="Image decode pool size.")
 
     # batching (defaults; per model overridable in the TOML)

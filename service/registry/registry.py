@@ -16,6 +16,7 @@ from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
 from service.registry.spec import ModelSpec
 from service.runtime.executor import BatchObserver, ExecutorConfig, ModelExecutor, release_device_memory
+from service.runtime.threads import ThreadBudget
 
 log = logging.getLogger("hookserve.registry")
 
@@ -46,6 +47,7 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookserve-loader")
         self._on_batch = on_batch
+        self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -98,7 +100,7 @@ class Registry:
             max_batch_delay_ms=s.max_batch_delay_ms if spec.max_batch_delay_ms is None else spec.max_batch_delay_ms,
             max_queue=s.max_queue,
         )
-        entry.executor = ModelExecutor(model, config, self._on_batch)
+        entry.executor = ModelExecutor(model, config, self._on_batch, self.budget)
         entry.model = model
         entry.load_seconds = time.perf_counter() - started
         entry.status = Status.ready

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
 from service.runtime.jobs import Job, JobKind, JobQueue
 from service.runtime.rwlock import ReadWriteLock
+from service.runtime.threads import ThreadBudget
 
 T = TypeVar("T")
 log = logging.getLogger("hookserve.executor")
@@ -53,8 +55,16 @@ BatchObserver = Callable[[str, int], None]
 class ModelExecutor:
     """Owns one LoadedModel; every torch call on it happens on this executor's threads."""
 
-    def __init__(self, model: LoadedModel, config: ExecutorConfig, on_batch: BatchObserver | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: ExecutorConfig,
+        on_batch: BatchObserver | None = None,
+        budget: ThreadBudget | None = None,
+    ) -> None:
         self.model = model
+        self._budget = budget or ThreadBudget(config.threads * config.torch_threads, config.torch_threads)
+        self._uses_cpu_threads = model.device.type == "cpu"
         self.config = config
         self.stats = ExecutorStats()
         self._queue = JobQueue(config.max_queue)
@@ -122,8 +132,15 @@ class ModelExecutor:
     def _more_coming(self) -> bool:
         return self._incoming > 0
 
+    def _alone(self) -> bool:
+        return len(self._queue) == 0 and self._lock.readers == 0 and not self._lock.writer_active
+
+    def _cpu_threads(self) -> AbstractContextManager[int]:
+        """CPU models draw intra-op threads from the process budget; GPU models need one driver thread."""
+        return self._budget.threads(self._alone) if self._uses_cpu_threads else nullcontext(1)
+
     def _work(self) -> None:
-        torch.set_num_threads(max(1, self.config.torch_threads))
+        torch.set_num_threads(1)
         while (job := self._queue.take()) is not None:
             if job.kind is JobKind.predict:
                 delay = self.config.max_batch_delay_ms / 1000.0
@@ -136,7 +153,7 @@ class ModelExecutor:
 
     def _run_predict(self, jobs: list[Job]) -> None:
         try:
-            with self._lock.shared():
+            with self._cpu_threads(), self._lock.shared():
                 outputs = run_batch(self.model, [j.inputs for j in jobs if j.inputs is not None])
         except BaseException as exc:  # every waiter must hear about the failure
             error = _domain_error(exc, self.model)
@@ -157,7 +174,7 @@ class ModelExecutor:
         assert job.fn is not None  # exclusive and shared jobs always carry a function
         lock = self._lock.exclusive() if job.kind is JobKind.exclusive else self._lock.shared()
         try:
-            with lock:
+            with self._cpu_threads(), lock:
                 result = job.fn()
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
