@@ -6,7 +6,10 @@ client, so it must never carry a traceback, a server path or a library version.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])(?:/[\w.@+-]+){2,}")
 
 
 class HookserveError(Exception):
@@ -79,3 +82,8 @@ class DeadlineExceeded(HookserveError):
 
 class ModelLoadError(Exception):
     """A model failed to build or load; stored in INFO `error`, never raised to a client."""
+
+
+def scrub_paths(text: str) -> str:
+    """Replace absolute file paths by their last part: error texts must not reveal the server's layout."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], text)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from service.errors import HookserveError, ModelLoadError
+from service.errors import HookserveError, ModelLoadError, scrub_paths
 from service.registry.builders import DEFAULT_WEIGHTS, build_module, build_optimizer
 from service.registry.devices import TORCH_DTYPES, pick_device
 from service.registry.labels import read_labels
@@ -25,12 +25,13 @@ def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_down
     """Build and place one model. Raises ModelLoadError with a message fit for INFO `error`."""
     try:
         return _load(spec, model_dir, default_device, allow_downloads)
-    except ModelLoadError:
-        raise
+    except ModelLoadError as exc:
+        raise ModelLoadError(scrub_paths(str(exc))) from None
     except HookserveError as exc:
-        raise ModelLoadError(str(exc.detail)) from None
+        raise ModelLoadError(scrub_paths(str(exc.detail))) from None
     except Exception as exc:  # a failing user model must not take the server down
-        raise ModelLoadError(f"{type(exc).__name__}: {exc}") from None
+        message = str(exc).replace(str(model_dir.resolve()), "<model dir>")
+        raise ModelLoadError(scrub_paths(f"{type(exc).__name__}: {message}")) from None  # no server paths in INFO
 
 
 def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
@@ -54,7 +55,16 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         load_optimizer_state(optimizer, optimizer_state, str(spec.weights))
     labels = read_labels(resolve_under(model_dir, spec.labels)) if spec.labels else None
     preprocess, input_size = resolve_preprocess(spec, module)
-    num_classes = warm_up(module, input_size, device, dtype)
+    try:
+        num_classes = warm_up(module, input_size, device, dtype)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if spec.input_size is not None or isinstance(exc, torch.OutOfMemoryError):
+            raise
+        reason = next(iter(str(exc).strip().splitlines()), "")
+        raise ModelLoadError(
+            f"warm-up forward on zeros of shape [1, {', '.join(map(str, input_size))}] failed ({reason}); "
+            "set input_size in the model's config"
+        ) from None
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
     params = list(module.parameters())

@@ -99,6 +99,7 @@ class Registry:
             max_batch_size=spec.max_batch_size or s.max_batch_size,
             max_batch_delay_ms=s.max_batch_delay_ms if spec.max_batch_delay_ms is None else spec.max_batch_delay_ms,
             max_queue=s.max_queue,
+            timeout_s=s.request_timeout_s,
         )
         entry.executor = ModelExecutor(model, config, self._on_batch, self.budget)
         entry.model = model

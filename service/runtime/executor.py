@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from service.errors import HookserveError, Unavailable
+from service.errors import DeadlineExceeded, HookserveError, Unavailable
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
 from service.runtime.jobs import Job, JobKind, JobQueue
@@ -40,6 +40,7 @@ class ExecutorConfig:
     max_batch_size: int = 8
     max_batch_delay_ms: float = 5.0
     max_queue: int = 256
+    timeout_s: float | None = None  # per-job deadline: 504 after it
 
 
 @dataclass
@@ -107,19 +108,30 @@ class ModelExecutor:
         finally:
             if announced:
                 self.withdraw()
-        return await asyncio.wrap_future(future)
+        return await self._wait(future)
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread while holding the model exclusively (hooks allowed)."""
         future: Future[T] = Future()
         self._queue.put(Job(JobKind.exclusive, future, fn=fn))
-        return await asyncio.wrap_future(future)
+        return await self._wait(future)
 
     async def run_shared(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread beside prediction batches (reads only, no hooks)."""
         future: Future[T] = Future()
         self._queue.put(Job(JobKind.shared, future, fn=fn))
-        return await asyncio.wrap_future(future)
+        return await self._wait(future)
+
+    async def _wait(self, future: Future[T]) -> T:
+        """Await a job within the deadline; a job still queued at the deadline never runs."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s)
+        except TimeoutError:
+            stage = "running (its result was dropped)" if future.running() else "queued (it will not run)"
+            raise DeadlineExceeded(
+                f"the {self.config.timeout_s:g} s deadline (request_timeout_s) passed while the job was {stage}; "
+                "ask for fewer inputs, fewer steps or samples, or retry when the model is less busy"
+            ) from None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish queued jobs, then end the threads."""
