@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
-from service.api import activations, attribution, checkpoints, health, introspect, models, predict
+from service.api import activations, attribution, checkpoints, health, introspect, models, predict, v2
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.openapi import install_openapi
@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         attribution.router,
         introspect.router,
         checkpoints.router,
+        v2.router,
     ):
         app.include_router(router)
     if settings.cors_origins:

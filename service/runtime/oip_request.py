@@ -72,7 +72,7 @@ def decode_infer(header: bytes, binary: bytes, model: LoadedModel, settings: Set
     params = request.parameters or {}
     default_binary = _flag(params, "binary_data_output", "parameters")
     outputs = None
-    if request.outputs is not None:
+    if request.outputs:  # absent or empty: every model output
         outputs = [_output_request(o, default_binary) for o in request.outputs]
         names = [o.name for o in outputs]
         if len(set(names)) != len(names):

@@ -96,7 +96,7 @@ class InferRequest(BaseModel):
     )
     inputs: list[InferInputTensor] = Field(..., min_length=1, max_length=8)
     outputs: list[InferRequestedOutput] | None = Field(
-        None, description="Absent: every model output (`output__0`, ...)."
+        None, description="Absent or empty: every model output (`output__0`, ...)."
     )
 
 
