@@ -9,6 +9,7 @@ from typing import Any
 
 import uvicorn
 
+from service.api.observability import configure_logging
 from service.config import Settings
 from service.main import create_app
 
@@ -26,11 +27,14 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = Settings(**parse_args(argv))  # flags win over the environment
+    configure_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
         workers=1,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )

@@ -15,6 +15,8 @@ from service import __version__
 from service.api import activations, attribution, checkpoints, health, introspect, models, predict, v2
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
+from service.api.metrics import batch_observer
+from service.api.observability import install_observability
 from service.api.openapi import install_openapi
 from service.api.state import AppState
 from service.config import Settings
@@ -38,7 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = Registry(settings)
+        registry = Registry(settings, on_batch=batch_observer(app))
         pool = ThreadPoolExecutor(max_workers=max(1, settings.decode_threads), thread_name_prefix="hookserve-decode")
         state = AppState(settings=settings, registry=registry, decode_pool=pool)
         app.state.hookserve = state
@@ -90,4 +92,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_limit=settings.max_upload_bytes,
         upload_paths=UPLOAD_PATHS,
     )
+    install_observability(app, settings)  # outermost: sees every request, 413s included
     return app

@@ -19,7 +19,6 @@ import orjson
 from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.metrics import Metrics, metrics_of, router
@@ -102,16 +101,27 @@ def _incoming_id(scope: Scope) -> str | None:
 
 
 def _route_template(scope: Scope) -> str:
-    """`/models/{name}`, not the raw path; matched again here when the app answered before routing."""
-    route = scope.get("route")
-    if route is None:
-        app = scope.get("app")
-        for candidate in getattr(getattr(app, "router", None), "routes", []):
-            if candidate.matches(scope)[0] is Match.FULL:
-                route = candidate
-                break
-    template = getattr(route, "path_format", None)
-    return template if isinstance(template, str) else UNMATCHED_ROUTE
+    """`/models/{name}`, not the raw path (with any include prefix); `<unmatched>` when no route is known."""
+    effective = (scope.get("fastapi") or {}).get("effective_route_context")  # FastAPI's prefixed view of the route
+    for route in (effective, scope.get("route")):
+        template = getattr(route, "path_format", None)
+        if isinstance(template, str) and template:
+            return template
+    return _schema_template(scope)
+
+
+def _schema_template(scope: Scope) -> str:
+    """For answers given before routing (413 from the body limit) or with no route: match the OpenAPI paths."""
+    app = scope.get("app")
+    if not isinstance(app, FastAPI):
+        return UNMATCHED_ROUTE
+    table: list[tuple[re.Pattern[str], str]] | None = getattr(app.state, "route_templates", None)
+    if table is None:
+        paths = app.openapi().get("paths", {})
+        table = [(re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(p)) + "$"), p) for p in paths]
+        app.state.route_templates = table
+    path: str = scope["path"]
+    return next((template for pattern, template in table if pattern.match(path)), UNMATCHED_ROUTE)
 
 
 def _model_name(scope: Scope, route: str) -> str:

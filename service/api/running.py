@@ -10,6 +10,7 @@ import torch
 from fastapi import Request
 
 from service.api.inputs import parse_body
+from service.api.observability import set_request_model
 from service.api.state import AppState
 from service.codecs.inputs import decode_batch
 from service.registry.loaded import LoadedModel
@@ -34,6 +35,7 @@ async def prepare(request: Request, state: AppState, body_cls: type[B], *, annou
     for it); the caller must pass `announced=True` to `executor.predict`.
     """
     parsed = await parse_body(request, body_cls, state.settings)
+    set_request_model(request, parsed.body.model)
     model, executor = state.registry.ready(parsed.body.model)
     if announce:
         executor.announce()

@@ -27,11 +27,25 @@ class LoadedModel:
     num_parameters: int
     trainable_parameters: int
     text: str = field(repr=False)
+    compiled: nn.Module | None = field(default=None, repr=False)  # torch.compile'd forward for plain predictions
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def forward_module(self) -> nn.Module:
+        """What plain predictions call: the compiled module when compiled, else the module itself.
+
+        Introspection always uses `module`, whose hooks a compiled graph would not honour.
+        """
+        return self.compiled if self.compiled is not None else self.module
+
+    @property
+    def channels_last(self) -> bool:
+        """Convolutional models on CUDA run with NHWC inputs (faster tensor-core kernels)."""
+        return self.device.type == "cuda" and len(self.input_size) == 3
 
     @property
     def channels(self) -> int:

@@ -50,6 +50,8 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         weights_name = spec.weights
     module.eval()
     module.to(device=device, dtype=dtype)
+    if device.type == "cuda":  # NHWC convolutions use the tensor cores; a no-op for other parameters
+        module.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(spec, module, needed=optimizer_state is not None)
     if optimizer is not None and optimizer_state is not None:
         load_optimizer_state(optimizer, optimizer_state, str(spec.weights))
@@ -67,6 +69,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         ) from None
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
+    compiled = compile_module(module, input_size, device, dtype) if spec.compile else None
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -82,7 +85,15 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         num_parameters=sum(p.numel() for p in params),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         text=repr(module),
+        compiled=compiled,
     )
+
+
+def compile_module(module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """`torch.compile` for plain predictions (batch size dynamic), compiled now rather than on a request."""
+    compiled: nn.Module = torch.compile(module, dynamic=True)  # type: ignore[assignment]
+    warm_up(compiled, input_size, device, dtype)
+    return compiled
 
 
 def resolve_preprocess(spec: ModelSpec, module: nn.Module) -> tuple[PreprocessSpec, list[int]]:

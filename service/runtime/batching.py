@@ -39,13 +39,17 @@ def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
         ) from None
 
 
-def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def to_device(
+    x: torch.Tensor, device: torch.device, dtype: torch.dtype, *, channels_last: bool = False
+) -> torch.Tensor:
     """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype."""
     if device.type == "cuda" and not x.is_pinned():
         x = x.pin_memory()
     x = x.to(device, non_blocking=device.type == "cuda")
     if x.is_floating_point() and x.dtype != dtype:
         x = x.to(dtype)
+    if channels_last and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
     return x
 
 
