@@ -19,6 +19,7 @@ from service.registry.spec import Interpolation, ModelSpec, PreprocessSpec, Sour
 from service.registry.weights import load_into, load_optimizer_state, read_weights
 
 IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
+COMPILE_BACKEND = "inductor"
 
 
 def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
@@ -91,7 +92,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
 
 def compile_module(module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype) -> nn.Module:
     """`torch.compile` for plain predictions (batch size dynamic), compiled now rather than on a request."""
-    compiled: nn.Module = torch.compile(module, dynamic=True)  # type: ignore[assignment]
+    compiled: nn.Module = torch.compile(module, dynamic=True, backend=COMPILE_BACKEND)  # type: ignore[assignment]
     warm_up(compiled, input_size, device, dtype)
     return compiled
 
