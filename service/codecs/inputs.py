@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from service.codecs.device_images import is_jpeg, jpeg_to_tensor
 from service.codecs.images import image_to_tensor
 from service.codecs.tensors import decode_b64, tensor_from_payload
 from service.errors import InvalidField
@@ -20,13 +21,13 @@ def decode_batch(
     samples: list[torch.Tensor] = []
     if images is not None:
         for i, data in enumerate(images):
-            samples.append(image_to_tensor(data, model.preprocess, model.channels, max_pixels, f"image[{i}]"))
+            samples.append(_image(data, model, max_pixels, f"image[{i}]"))
     else:
         for i, item in enumerate(items):
             where = f"inputs[{i}]"
             if item.image is not None:
                 data = decode_b64(item.image, f"{where}.image")
-                samples.append(image_to_tensor(data, model.preprocess, model.channels, max_pixels, f"{where}.image"))
+                samples.append(_image(data, model, max_pixels, f"{where}.image"))
             elif item.tensor is not None:
                 t = item.tensor
                 tensor = tensor_from_payload(t.shape, t.dtype, t.data, t.b64, f"{where}.tensor")
@@ -35,6 +36,13 @@ def decode_batch(
     if len(shapes) > 1:
         raise InvalidField(f"inputs have different shapes {sorted(shapes)}; send one request per shape")
     return torch.stack(samples) if len(samples) > 1 else samples[0].unsqueeze(0)
+
+
+def _image(data: bytes, model: LoadedModel, max_pixels: int, where: str) -> torch.Tensor:
+    """JPEGs for CUDA models are decoded on the GPU (nvJPEG); everything else through PIL."""
+    if model.device.type == "cuda" and is_jpeg(data):
+        return jpeg_to_tensor(data, model.preprocess, model.channels, max_pixels, device=model.device, where=where)
+    return image_to_tensor(data, model.preprocess, model.channels, max_pixels, where)
 
 
 def _check_tensor(tensor: torch.Tensor, model: LoadedModel, where: str) -> torch.Tensor:
@@ -48,6 +56,7 @@ def _check_tensor(tensor: torch.Tensor, model: LoadedModel, where: str) -> torch
         raise InvalidField(f"{where}.tensor has {tensor.shape[0]} channels; {model.name} needs {expected[0]}")
     if not tensor.is_floating_point():
         tensor = tensor.to(torch.float32)
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise InvalidField(f"{where}.tensor holds NaN or infinite values")
+    as_model = tensor if tensor.dtype == model.dtype else tensor.to(model.dtype)  # e.g. 1e300 overflows float32
+    if not torch.isfinite(as_model).all():
+        raise InvalidField(f"{where}.tensor holds NaN or infinite values (in the model's dtype {model.spec.dtype})")
     return tensor
