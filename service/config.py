@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     max_ig_steps: int = 512
     max_smoothgrad_samples: int = 256
     ig_internal_batch_size: int = Field(64, description="Samples per IG forward/backward (memory bound).")
+    smoothgrad_batch_size: int = Field(32, ge=1, description="Noisy SmoothGrad samples per forward (memory bound).")
     max_upload_bytes: int = 2048 * MiB
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = 30.0

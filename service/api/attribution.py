@@ -18,6 +18,7 @@ from service.codecs.tensors import json_tensor
 from service.errors import InvalidField
 from service.introspection.layers import resolve_layers
 from service.introspection.saliency import SaliencyItem, SaliencyMethod
+from service.introspection.targets import TargetSpec
 from service.registry.preprocess import denormalize
 from service.runtime.attribution_jobs import run_gradients, run_saliency
 from service.schemas.attribution import GradientsRequest, GradientsResponse, SaliencyRequest, SaliencyResponse
@@ -40,11 +41,12 @@ BINARY_OR_PNG: dict[int | str, dict[str, Any]] = {
 async def gradients(request: Request, state: StateDep) -> Response:
     job = await prepare(request, state, GradientsRequest)
     body, model = job.body, job.model
+    target = _form_target(request, body.target)
     names = resolve_layers(model.module, body.layers, state.settings.max_layers) if body.layers else []
     if not names and not body.include_input:
         raise InvalidField("nothing to differentiate: give layers or set include_input to true")
     result = await job.executor.run_exclusive(
-        lambda: run_gradients(model, job.inputs, names, body.target, body.include_input)
+        lambda: run_gradients(model, job.inputs, names, target, body.include_input)
     )
     head = {"model": model.name, "targets": result.targets, "scores": result.scores}
     if body.format is not TensorFormat.json:
@@ -73,20 +75,21 @@ async def saliency(request: Request, state: StateDep) -> Response:
         )
     if body.layer is not None and body.method is not SaliencyMethod.GRADCAM:
         raise InvalidField("layer applies to method gradcam only")
-    if body.layer is not None:
-        resolve_layers(model.module, [body.layer], 1)
+    target = _form_target(request, body.target)
+    layer = resolve_layers(model.module, [body.layer], 1)[0] if body.layer is not None else None
     items = await job.executor.run_exclusive(
         lambda: run_saliency(
             model,
             job.inputs,
             body.method,
-            body.target,
-            layer=body.layer,
+            target,
+            layer=layer,
             steps=body.steps,
             samples=body.samples,
             noise=body.noise,
             seed=body.seed,
             ig_internal_batch_size=settings.ig_internal_batch_size,
+            smoothgrad_batch_size=settings.smoothgrad_batch_size,
         )
     )
     if body.format is SaliencyFormat.png:
@@ -104,6 +107,15 @@ async def saliency(request: Request, state: StateDep) -> Response:
     numel = sum(item.attribution.numel() + item.heatmap.numel() for item in items)
     content = head | {"results": [_result(item, model.label(item.target), json_tensor) for item in items]}
     return await json_response(content, settings, numel=numel)
+
+
+def _form_target(request: Request, target: TargetSpec) -> TargetSpec:
+    """Multipart `target=7` arrives as `[7]` (form lists are comma-separated): one class for every image."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data") or not isinstance(target, list):
+        return target
+    if not target or (len(target) == 1 and target[0] in ("null", "none")):
+        return None
+    return target[0] if len(target) == 1 else target
 
 
 def _result(item: SaliencyItem, label: str, encode: Any) -> dict[str, Any]:

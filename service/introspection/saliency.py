@@ -120,8 +120,18 @@ def _smoothgrad(
     model: nn.Module, inputs: Tensor, targets: list[int], *, samples: int, noise: float, seed: int,
     batch_size: int | None,
 ) -> Tensor:
-    """NoiseTunnel(Saliency) per input: its noise level `noise * (x.max() - x.min())` is per input."""
-    tunnel = NoiseTunnel(Saliency(model))
+    """NoiseTunnel(Saliency) per input: its noise level `noise * (x.max() - x.min())` is per input.
+
+    Captum's float32 noise would promote a half-precision input, so the noisy input is cast
+    back to the input's dtype before the model sees it.
+    """
+    dtype = inputs.dtype
+
+    def forward(x: Tensor) -> Tensor:
+        out: Tensor = model(x if x.dtype == dtype else x.to(dtype))
+        return out
+
+    tunnel = NoiseTunnel(Saliency(forward))
     out = []
     for i, target in enumerate(targets):
         row = inputs[i : i + 1].detach()

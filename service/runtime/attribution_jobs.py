@@ -10,13 +10,16 @@ from service.introspection.gradients import GradientResult, compute_gradients
 from service.introspection.saliency import SaliencyItem, SaliencyMethod, compute_saliency
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import to_device
+from service.runtime.batching import forward_checked, to_device
 
 
 def run_gradients(
     model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], target: TargetSpec, include_input: bool
 ) -> GradientResult:
     x = to_device(inputs, model.device, model.dtype)
+    if list(x.shape[1:]) != list(model.input_size):  # a shape the model cannot take is a 422, not a 500
+        with torch.inference_mode():
+            forward_checked(model, x)
     result = compute_gradients(model.module, x, layers, target=target, labels=model.labels, include_input=include_input)
     result.gradients = {k: v.cpu() for k, v in result.gradients.items()}
     return result
@@ -34,10 +37,11 @@ def run_saliency(
     noise: float,
     seed: int,
     ig_internal_batch_size: int,
+    smoothgrad_batch_size: int,
 ) -> list[SaliencyItem]:
     x = to_device(inputs, model.device, model.dtype)
     with torch.inference_mode():
-        logits = class_scores(model.module(x))
+        logits = class_scores(forward_checked(model, x))
     targets = resolve_targets(target, logits, model.labels)
     items = compute_saliency(
         model.module,
@@ -50,6 +54,7 @@ def run_saliency(
         noise=noise,
         seed=seed,
         ig_internal_batch_size=ig_internal_batch_size,
+        smoothgrad_batch_size=smoothgrad_batch_size,
     )
     return [
         SaliencyItem(i.target, i.score, i.probability, i.attribution.cpu(), i.heatmap.cpu(), i.convergence_delta)

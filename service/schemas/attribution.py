@@ -5,12 +5,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from service.introspection.saliency import SaliencyMethod
 from service.schemas.common import ModelInputs, SaliencyFormat, TensorFormat
 
-TargetField = int | str | list[int | str] | None
+# Strict: JSON `true` or `3.0` is a client's mistake (422), not silently class 1 or 3.
+TargetItem = StrictInt | StrictStr
+TargetField = TargetItem | list[TargetItem] | None
 TARGET_DESCRIPTION = "Class index, label, a list with one per input, or null for each input's top-1."
 
 

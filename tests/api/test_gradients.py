@@ -1,0 +1,341 @@
+"""POST /gradients over HTTP against torch.autograd on the same models built in-process (hand-split forwards)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from fastapi.testclient import TestClient
+from PIL import Image
+from safetensors.torch import load as safetensors_load
+from torch import Tensor
+from torchvision.models import ResNet, resnet18
+
+from service.config import Settings
+from service.main import create_app
+from service.registry.preprocess import preprocess_image
+from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, labels_path, lenet_preprocess_spec, weights_path
+from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled
+
+PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def _config() -> str:
+    lenet = f"""
+source = "python"
+architecture = "service.zoo.lenet:LeNet"
+weights = "lenet_digits.pt"
+input_size = [3, 32, 32]
+[models.preprocess]
+resize = 32
+crop = 32
+interpolation = "bilinear"
+mean = {LENET_MEAN}
+std = {LENET_STD}
+grayscale = true
+"""
+    return (
+        f'[[models]]\nname = "lenet"\nlabels = "digits.txt"\n{lenet}\n'
+        f'[[models]]\nname = "pets"\nlabels = "pets.txt"\n{lenet}\n'
+        '[[models]]\nname = "resnet18"\nsource = "torchvision"\narchitecture = "resnet18"\nweights = "r18.pt"\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def r18() -> ResNet:
+    """The seeded resnet18 whose weights the server loads."""
+    torch.manual_seed(0)
+    return resnet18(weights=None).eval()
+
+
+@pytest.fixture(scope="module")
+def lenet() -> LeNet:
+    model = LeNet()
+    model.load_state_dict(torch.load(weights_path(), weights_only=True)["model_state_dict"])
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[TestClient]:
+    root = tmp_path_factory.mktemp("gradients")
+    shutil.copy(weights_path(), root / "lenet_digits.pt")
+    shutil.copy(labels_path(), root / "digits.txt")
+    (root / "pets.txt").write_text("\n".join(PETS) + "\n")
+    torch.save(r18.state_dict(), root / "r18.pt")
+    (root / "models.toml").write_text(_config())
+    settings = Settings(model_dir=root, config=root / "models.toml", device="cpu", worker_threads=2, torch_threads=1)
+    with TestClient(create_app(settings)) as c:
+        wait_settled(c)
+        assert {m["name"]: m["status"] for m in c.get("/models").json()["models"]} == dict.fromkeys(
+            ["lenet", "pets", "resnet18"], "ready"
+        )
+        yield c
+
+
+def digit(label: int) -> Tensor:
+    """The server's preprocessing of a shipped digit sample, done in-process."""
+    return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
+
+
+def lenet_parts(m: LeNet, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """LeNet's forward split by hand: logits and the outputs the API names."""
+    r1 = F.relu(m.conv1(x))
+    c2 = m.conv2(m.pool(r1))
+    r2 = F.relu(c2)
+    r3 = F.relu(m.fc1(torch.flatten(m.pool(r2), 1)))
+    r4 = F.relu(m.fc2(r3))
+    return m.fc3(r4), {"relu": r1, "conv2": c2, "relu#2": r2, "relu#3": r3, "relu#4": r4}
+
+
+def r18_parts(m: ResNet, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """resnet18's forward split by hand, layer1.0 unrolled so bn1's output is seen before its in-place ReLU."""
+    h = m.maxpool(m.relu(m.bn1(m.conv1(x))))
+    block = m.layer1[0]
+    bn1 = block.bn1(block.conv1(h))
+    h = F.relu(block.bn2(block.conv2(F.relu(bn1))) + h)
+    a4 = m.layer4(m.layer3(m.layer2(m.layer1[1](h))))
+    return m.fc(torch.flatten(m.avgpool(a4), 1)), {"layer1.0.bn1": bn1, "layer4": a4}
+
+
+def expected(
+    parts: Any, model: Any, x: Tensor, targets: list[int] | None, keys: list[str]
+) -> tuple[list[int], list[float], dict[str, Tensor]]:
+    """Targets (top-1 when None), target logits and d(sum_i logit[i, t_i])/d(each key and the input)."""
+    x = x.clone().requires_grad_(True)
+    logits, named = parts(model, x)
+    chosen = targets if targets is not None else logits.argmax(1).tolist()
+    scores = logits.gather(1, torch.tensor(chosen)[:, None])[:, 0]
+    wrt = [named[k] for k in keys] + [x]
+    grads = torch.autograd.grad(scores.sum(), wrt)
+    return chosen, scores.tolist(), dict(zip([*keys, "input"], grads, strict=True))
+
+
+def as_tensor(obj: dict[str, Any]) -> Tensor:
+    assert obj["dtype"] == "float32"
+    t = torch.tensor(obj["data"], dtype=torch.float32)
+    assert list(t.shape) == obj["shape"]
+    return t
+
+
+def post(client: TestClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/gradients", json=body)
+    assert response.status_code == 200, response.text[:500]
+    out: dict[str, Any] = response.json()
+    return out
+
+
+def hooks(client: TestClient, model: str) -> int:
+    count: int = client.get(f"/models/{model}").json()["hooks"]
+    return count
+
+
+def check_grads(got: dict[str, Any], want: dict[str, Tensor], scale_rtol: float = 1e-4) -> None:
+    assert set(got) == set(want)
+    for key, value in want.items():
+        atol = scale_rtol * float(value.abs().max()) + 1e-7
+        torch.testing.assert_close(as_tensor(got[key]), value, rtol=1e-3, atol=atol, msg=key)
+
+
+def test_resnet18_layers_and_input_per_input_targets(client: TestClient, r18: ResNet) -> None:
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    out = post(client, model="resnet18", inputs=[tensor_input(x[0]), tensor_input(x[1], as_b64=True)],
+               target=[3, 917], layers=["layer4", "layer1.0.bn1"])
+    targets, scores, want = expected(r18_parts, r18, x, [3, 917], ["layer1.0.bn1", "layer4"])
+    assert out["model"] == "resnet18"
+    assert out["targets"] == targets == [3, 917]
+    np.testing.assert_allclose(out["scores"], scores, rtol=1e-4, atol=1e-5)
+    assert list(out["gradients"]) == ["layer1.0.bn1", "layer4", "input"]  # forward order, then the input
+    check_grads(out["gradients"], want)
+    assert out["gradients"]["layer4"]["shape"] == [2, 512, 2, 2]
+    assert hooks(client, "resnet18") == 0
+
+
+def test_lenet_conv2_images_top1(client: TestClient, lenet: LeNet) -> None:
+    out = post(client, model="lenet", inputs=[{"image": b64(sample_png(3))}, {"image": b64(sample_png(8))}],
+               layers=["conv2"])
+    targets, scores, want = expected(lenet_parts, lenet, torch.stack([digit(3), digit(8)]), None, ["conv2"])
+    assert out["targets"] == targets == [3, 8]  # top-1 per input (the trained net reads both digits)
+    np.testing.assert_allclose(out["scores"], scores, rtol=1e-5)
+    check_grads(out["gradients"], want)
+
+
+def test_shared_relu_reports_every_call(client: TestClient, lenet: LeNet) -> None:
+    x = torch.stack([digit(1), digit(5)])
+    out = post(client, model="lenet", inputs=[tensor_input(t) for t in x], target=[2, 6], layers=["relu"])
+    _, _, want = expected(lenet_parts, lenet, x, [2, 6], ["relu", "relu#2", "relu#3", "relu#4"])
+    assert list(out["gradients"]) == ["relu", "relu#2", "relu#3", "relu#4", "input"]
+    check_grads(out["gradients"], want)
+
+
+@pytest.mark.parametrize(
+    ("model", "target", "index"),
+    [("lenet", 7, 7), ("lenet", "7", 7), ("pets", "seven", 7), ("pets", ["seven", 2], [7, 2]), ("pets", 4, 4)],
+)
+def test_targets_by_index_and_label(
+    client: TestClient, lenet: LeNet, model: str, target: Any, index: int | list[int]
+) -> None:
+    x = torch.stack([digit(0), digit(9)])
+    indices = index if isinstance(index, list) else [index, index]
+    out = post(client, model=model, inputs=[tensor_input(t) for t in x], target=target, layers=["fc2"])
+    _, scores, want = expected(lenet_parts, lenet, x, indices, [])
+    assert out["targets"] == indices
+    np.testing.assert_allclose(out["scores"], scores, rtol=1e-5)
+    assert list(out["gradients"]) == ["fc2", "input"]
+    check_grads({"input": out["gradients"]["input"]}, {"input": want["input"]})
+
+
+def test_include_input_false_leaves_input_out(client: TestClient, lenet: LeNet) -> None:
+    out = post(client, model="lenet", inputs=[{"image": b64(sample_png(4))}], target=4, layers=["conv2"],
+               include_input=False)
+    _, _, want = expected(lenet_parts, lenet, digit(4)[None], [4], ["conv2"])
+    assert list(out["gradients"]) == ["conv2"]
+    check_grads(out["gradients"], {"conv2": want["conv2"]})
+
+
+def safetensors_metadata(data: bytes) -> dict[str, Any]:
+    (size,) = struct.unpack("<Q", data[:8])
+    header: dict[str, Any] = json.loads(data[8 : 8 + size])
+    return header["__metadata__"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
+    x = torch.stack([digit(2), digit(6)])
+    response = client.post("/gradients", json={"model": "lenet", "inputs": [tensor_input(t) for t in x],
+                                               "layers": ["conv2", "relu"], "format": fmt})
+    assert response.status_code == 200, response.text[:500]
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert f'filename="gradients.{fmt}"' in response.headers["content-disposition"]
+    if fmt == "safetensors":
+        tensors = safetensors_load(response.content)
+        meta = json.loads(safetensors_metadata(response.content)["response"])
+    else:
+        archive = np.load(io.BytesIO(response.content), allow_pickle=False)
+        meta = json.loads(str(archive["__response__"][()]))
+        tensors = {k: torch.from_numpy(archive[k]) for k in archive.files if k != "__response__"}
+    keys = ["relu", "conv2", "relu#2", "relu#3", "relu#4"]
+    targets, scores, want = expected(lenet_parts, lenet, x, None, keys)
+    assert set(tensors) == {*keys, "input"}
+    for key, value in want.items():
+        assert tensors[key].dtype == torch.float32
+        torch.testing.assert_close(tensors[key], value, rtol=1e-3, atol=1e-4 * float(value.abs().max()) + 1e-7)
+    assert meta["model"] == "lenet"
+    assert meta["targets"] == targets == [2, 6]
+    np.testing.assert_allclose(meta["scores"], scores, rtol=1e-5)
+    assert meta["gradients"] == {k: {"shape": list(v.shape)} for k, v in want.items()}
+
+
+def test_multipart_curl_style(client: TestClient, lenet: LeNet) -> None:
+    files = [("image", ("a.png", sample_png(3), "image/png")), ("image", ("b.png", sample_png(8), "image/png"))]
+    response = client.post("/gradients", data={"model": "pets", "target": "five", "layers": "conv2,fc1",
+                                               "include_input": "false"}, files=files)
+    assert response.status_code == 200, response.text[:500]
+    out = response.json()
+    assert out["targets"] == [5, 5]  # one label for every image, not a one-item list
+    _, _, want = expected(lenet_parts, lenet, torch.stack([digit(3), digit(8)]), [5, 5], ["conv2"])
+    assert list(out["gradients"]) == ["conv2", "fc1"]
+    check_grads({"conv2": out["gradients"]["conv2"]}, {"conv2": want["conv2"]})
+    per_input = client.post("/gradients", data={"model": "lenet", "target": "1,2", "layers": "conv2"}, files=files)
+    assert per_input.status_code == 200, per_input.text[:500]
+    assert per_input.json()["targets"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "needle"),
+    [
+        ("lenet", {"target": 10, "layers": ["conv2"]}, "out of range"),
+        ("lenet", {"target": -1, "layers": ["conv2"]}, "out of range"),
+        ("resnet18", {"target": 1000, "layers": ["layer4"]}, "out of range"),
+        ("lenet", {"target": "cat", "layers": ["conv2"]}, "unknown target label 'cat'"),
+        ("pets", {"target": "sevn", "layers": ["conv2"]}, "'seven'"),
+        ("pets", {"target": ["one", "two", "three"], "layers": ["conv2"]}, "3 entries but there are 2 inputs"),
+        ("lenet", {"target": True}, "target"),
+        ("lenet", {"layers": ["conv3"]}, "'conv2'"),
+        ("lenet", {"layers": ["fc*x"]}, "matches no layer"),
+        ("lenet", {"layers": [], "include_input": False}, "nothing to differentiate"),
+        ("resnet18", {"layers": ["layer4"], "format": "png"}, "format"),
+    ],
+)
+def test_invalid_fields_are_422_and_leave_no_hooks(
+    client: TestClient, model: str, body: dict[str, Any], needle: str
+) -> None:
+    size = 32 if model != "resnet18" else 64
+    inputs = [tensor_input(torch.zeros(3, size, size)), tensor_input(torch.ones(3, size, size))]
+    response = client.post("/gradients", json={"model": model, "inputs": inputs, **body})
+    assert response.status_code == 422, response.text[:500]
+    assert needle in str(response.json()["detail"])
+    assert hooks(client, model) == 0
+    assert post(client, model=model, inputs=inputs[:1], layers=["conv1"])["targets"]  # still serving
+
+
+def test_features_only_model_is_422_not_class_scores(builtin_client: TestClient) -> None:
+    layers = [row["name"] for row in builtin_client.get("/models/efficientvit_b0/layers").json()["layers"]]
+    response = builtin_client.post("/gradients", json={
+        "model": "efficientvit_b0", "inputs": [tensor_input(torch.zeros(3, 64, 64))], "layers": [layers[1]],
+    })
+    assert response.status_code == 422, response.text[:500]
+    assert "not class scores" in response.json()["detail"]
+    assert hooks(builtin_client, "efficientvit_b0") == 0
+
+
+def test_unknown_model_is_404(client: TestClient) -> None:
+    response = client.post("/gradients", json={"model": "nope", "inputs": [tensor_input(torch.zeros(3, 32, 32))]})
+    assert response.status_code == 404
+
+
+
+def test_a_shape_the_model_cannot_take_is_422(client: TestClient, r18: ResNet) -> None:
+    response = client.post("/gradients", json={"model": "lenet", "inputs": [tensor_input(torch.zeros(3, 40, 40))],
+                                               "layers": ["conv2"]})
+    assert response.status_code == 422, response.text[:500]
+    assert "cannot run on samples of shape [3, 40, 40]" in response.json()["detail"]
+    assert hooks(client, "lenet") == 0
+    x = torch.rand(1, 3, 40, 48, generator=torch.Generator().manual_seed(4))  # resnet18 takes any size
+    out = post(client, model="resnet18", inputs=[tensor_input(x[0])], target=5, layers=["layer4"])
+    _, _, want = expected(r18_parts, r18, x, [5], ["layer4"])
+    check_grads(out["gradients"], {"layer4": want["layer4"], "input": want["input"]})
+
+
+def test_device_oom_is_503_and_the_model_keeps_serving(make_client: ClientFactory, tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    client = make_client('[[models]]\nname = "probe"\nsource = "python"\narchitecture = "probe.py:Probe"\n'
+                         'input_size = [3, 8, 8]\n', device="cpu", worker_threads=1, torch_threads=1)
+    flagged = torch.zeros(3, 8, 8)
+    flagged[0, 0, 0] = 5000.0
+    response = client.post("/gradients", json={"model": "probe", "inputs": [tensor_input(flagged)], "layers": ["conv"]})
+    assert response.status_code == 503, response.text[:500]
+    assert "out of memory" in response.json()["detail"]
+    assert int(response.headers["retry-after"]) >= 1
+    assert hooks(client, "probe") == 0
+    out = post(client, model="probe", inputs=[tensor_input(torch.ones(3, 8, 8))], layers=["conv"])
+    assert list(out["gradients"]) == ["conv", "input"]
+    assert hooks(client, "probe") == 0
+
+
+PROBE = '''
+import torch
+from torch import nn
+
+
+class Probe(nn.Module):
+    """conv-relu-linear on 3x8x8; a first pixel over 1000 fakes a device out-of-memory error under autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and bool((x[:, 0, 0, 0] > 1000).any()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+'''

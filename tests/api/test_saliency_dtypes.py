@@ -1,0 +1,30 @@
+"""Saliency on half-precision models: every method answers, SmoothGrad included (Captum's noise is float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.introspection.saliency import SaliencyMethod
+from tests.conftest import ClientFactory, tensor_input
+
+CONFIG = """
+[[models]]
+name = "half"
+source = "python"
+architecture = "service.zoo.lenet:LeNet"
+input_size = [3, 32, 32]
+dtype = "{dtype}"
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_method_works_in_half_precision(make_client: ClientFactory, dtype: str) -> None:
+    client = make_client(CONFIG.format(dtype=dtype), smoothgrad_batch_size=4)
+    x = tensor_input(torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    for method in SaliencyMethod:
+        r = client.post("/saliency", json={"model": "half", "inputs": [x], "method": method.value, "samples": 6})
+        assert r.status_code == 200, (method, r.text)
+        heatmap = torch.tensor(r.json()["results"][0]["heatmap"]["data"])
+        assert torch.isfinite(heatmap).all()
+    assert client.get("/models/half").json()["hooks"] == 0
