@@ -60,11 +60,16 @@ def tensor_from_payload(
         return _from_bytes(raw, _NUMPY_DTYPES[dtype], numel, shape, where)
     np_dtype = np.dtype("<f4") if dtype == "bfloat16" else _NUMPY_DTYPES[dtype]
     try:
-        array = np.asarray(data, dtype=np_dtype)
+        with np.errstate(over="raise", invalid="raise"):  # thread-local: out-of-range values raise, not warn
+            array = np.asarray(data, dtype=np_dtype)
     except (ValueError, TypeError):
         raise InvalidField(f"{where}.data must be numbers in a flat or nested list matching shape") from None
+    except (OverflowError, FloatingPointError):
+        raise InvalidField(f"{where}.data holds values out of range for {dtype}") from None
     if array.size != numel:
         raise InvalidField(f"{where}.data has {array.size} values; shape {list(shape)} needs {numel}")
+    if array.ndim > 1 and list(array.shape) != [int(s) for s in shape]:
+        raise InvalidField(f"{where}.data is nested as {list(array.shape)}; give it flat or nested as {list(shape)}")
     tensor = torch.from_numpy(array.reshape(tuple(shape)).copy())
     return tensor.to(torch.bfloat16) if dtype == "bfloat16" else tensor
 

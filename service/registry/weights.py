@@ -32,7 +32,7 @@ def read_weights(path: Path) -> WeightsFile:
         return WeightsFile(load_file(str(path), device="cpu"), None)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
         raise ModelLoadError(
             f"{path.name} could not be read as a weights-only checkpoint ({type(exc).__name__}); "
             "files that need arbitrary code to unpickle are refused"

@@ -1,0 +1,192 @@
+"""Dynamic batching on a ModelExecutor: announced concurrent requests share one forward, split back exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from service.errors import InvalidField
+from service.registry.loaded import LoadedModel
+from service.registry.spec import ModelSpec, PreprocessSpec
+from service.runtime.executor import ExecutorConfig, ModelExecutor
+
+LONG_DELAY_MS = 10_000.0  # a batch that waited this long would make the test time out, not pass
+
+
+class Recorder(nn.Module):
+    """y = W x + b with hand-set integers (exact in float32); remembers every batch size it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, 2, 0, 0], [1, 1, 1, 1]]))
+            self.fc.bias.copy_(torch.tensor([0.0, 1, -1]))
+        self.batch_sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(int(x.shape[0]))
+        return self.fc(x)  # type: ignore[no-any-return]
+
+
+def expected(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return torch.stack([x[:, 0], 2 * x[:, 1] + 1, x.sum(1) - 1], dim=1)
+
+
+def loaded(module: Recorder) -> LoadedModel:
+    return LoadedModel(
+        spec=ModelSpec.model_validate({"name": "rec", "source": "python", "architecture": "x:Recorder"}),
+        module=module.eval(),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        preprocess=PreprocessSpec(),
+        input_size=[4],
+        labels=None,
+        optimizer=None,
+        weights="random",
+        num_classes=3,
+        num_parameters=15,
+        trainable_parameters=15,
+        text=repr(module),
+    )
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def make_executor(recorder: Recorder) -> Iterator[Any]:
+    executors: list[ModelExecutor] = []
+
+    def factory(**config: Any) -> ModelExecutor:
+        executor = ModelExecutor(loaded(recorder), ExecutorConfig(**{"threads": 1, **config}))
+        executors.append(executor)
+        return executor
+
+    yield factory
+    for executor in executors:
+        executor.stop(5.0)
+
+
+def samples(n: int, rows: int = 1, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    return [torch.arange(rows * 4, dtype=dtype).reshape(rows, 4) + 10 * i for i in range(n)]
+
+
+async def submit_announced(executor: ModelExecutor, inputs: list[torch.Tensor]) -> list[Any]:
+    """What the HTTP layer does: announce every request first, then queue each as its decode finishes."""
+    for _ in inputs:
+        executor.announce()
+    return await asyncio.gather(*(executor.predict(x, announced=True) for x in inputs))
+
+
+def test_announced_concurrent_requests_share_one_batch(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=8, max_batch_delay_ms=LONG_DELAY_MS)
+    inputs = samples(5)
+    started = time.perf_counter()
+    outputs = asyncio.run(submit_announced(executor, inputs))
+    assert time.perf_counter() - started < LONG_DELAY_MS / 1000 / 2  # flushed when nothing more was coming
+    assert recorder.batch_sizes == [5]
+    assert (executor.stats.batches, executor.stats.batched_samples) == (1, 5)
+    for x, out in zip(inputs, outputs, strict=True):
+        assert out.shape == (1, 3)
+        assert torch.equal(out, expected(x))
+
+
+def test_batches_flush_at_max_batch_size(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=4, max_batch_delay_ms=LONG_DELAY_MS)
+    inputs = samples(10)
+    outputs = asyncio.run(submit_announced(executor, inputs))
+    assert recorder.batch_sizes == [4, 4, 2]
+    assert (executor.stats.batches, executor.stats.batched_samples) == (3, 10)
+    assert all(torch.equal(out, expected(x)) for x, out in zip(inputs, outputs, strict=True))
+
+
+def test_multi_sample_requests_are_never_split(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=4, max_batch_delay_ms=LONG_DELAY_MS)
+    inputs = samples(3, rows=3)  # 3 + 3 > 4: each request is its own batch
+    outputs = asyncio.run(submit_announced(executor, inputs))
+    assert recorder.batch_sizes == [3, 3, 3]
+    assert all(torch.equal(out, expected(x)) for x, out in zip(inputs, outputs, strict=True))
+
+
+def test_different_dtypes_are_batched_apart(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=8, max_batch_delay_ms=LONG_DELAY_MS)
+    inputs = [*samples(2), *samples(2, dtype=torch.float16)]
+    inputs = [inputs[0], inputs[2], inputs[1], inputs[3]]  # interleaved: float32, float16, float32, float16
+    outputs = asyncio.run(submit_announced(executor, inputs))
+    assert recorder.batch_sizes == [2, 2]
+    assert executor.stats.batches == 2
+    assert all(torch.equal(out, expected(x)) for x, out in zip(inputs, outputs, strict=True))
+
+
+def test_unannounced_sequential_requests_run_alone(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=8, max_batch_delay_ms=LONG_DELAY_MS)
+
+    async def one_by_one() -> None:
+        for x in samples(3):
+            assert torch.equal(await executor.predict(x), expected(x))
+
+    asyncio.run(one_by_one())
+    assert recorder.batch_sizes == [1, 1, 1]
+
+
+def test_a_request_that_never_comes_costs_at_most_the_delay(make_executor: Any, recorder: Recorder) -> None:
+    delay_ms = 200.0
+    executor = make_executor(max_batch_size=8, max_batch_delay_ms=delay_ms)
+
+    async def one_of_two() -> tuple[Any, float]:
+        executor.announce()
+        executor.announce()  # this one's decode "fails" and is withdrawn late
+        started = time.perf_counter()
+        task = asyncio.ensure_future(executor.predict(samples(1)[0], announced=True))
+        result = await task
+        elapsed = time.perf_counter() - started
+        executor.withdraw()
+        return result, elapsed
+
+    result, elapsed = asyncio.run(one_of_two())
+    assert torch.equal(result, expected(samples(1)[0]))
+    assert elapsed >= delay_ms / 1000 * 0.9
+    assert elapsed < LONG_DELAY_MS / 1000 / 2
+    assert recorder.batch_sizes == [1]
+
+
+def test_post_runs_per_request_and_its_failure_stays_there(make_executor: Any, recorder: Recorder) -> None:
+    executor = make_executor(max_batch_size=8, max_batch_delay_ms=LONG_DELAY_MS)
+
+    def ok(out: torch.Tensor) -> float:
+        return float(out.sum())
+
+    def bad(out: torch.Tensor) -> float:
+        raise InvalidField("not for this one")
+
+    async def run() -> list[Any]:
+        inputs = samples(3)
+        for _ in inputs:
+            executor.announce()
+        posts = [ok, bad, ok]
+        return await asyncio.gather(
+            *(executor.predict(x, p, announced=True) for x, p in zip(inputs, posts, strict=True)),
+            return_exceptions=True,
+        )
+
+    first, second, third = asyncio.run(run())
+    assert recorder.batch_sizes == [3]
+    assert first == float(expected(samples(3)[0]).sum())
+    assert isinstance(second, InvalidField)
+    assert third == float(expected(samples(3)[2]).sum())
+
+
+def test_a_shape_the_model_cannot_take_is_the_clients_422(make_executor: Any) -> None:
+    executor = make_executor()
+    with pytest.raises(InvalidField, match=r"rec cannot run on samples of shape \[5\] \(its input size is \[4\]\)"):
+        asyncio.run(executor.predict(torch.zeros(1, 5)))
