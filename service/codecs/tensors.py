@@ -94,7 +94,8 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
         t = t.to(torch.float32)
     if t.device.type != "cpu":
         t = t.cpu()
-    return np.ascontiguousarray(t.numpy())
+    array = t.numpy()
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d
 
 
 def json_tensor(tensor: torch.Tensor) -> dict[str, Any]:

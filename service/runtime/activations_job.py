@@ -11,7 +11,7 @@ import torch
 from service.introspection.capture import Capture, Captured, capture_activations
 from service.introspection.tensor_stats import Reduce, reduce_tensor
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import to_device
+from service.runtime.batching import forward_checked, to_device
 from service.runtime.predictions import top_k_predictions
 
 
@@ -29,7 +29,7 @@ def run_activations(
 
     def forward() -> Any:
         with torch.inference_mode():
-            return model.module(x)
+            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
 
     output, captured = capture_activations(model.module, layers, capture, forward)
     if reduce is not None:
