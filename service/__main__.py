@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -25,9 +28,15 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if v is not None}
 
 
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    """uvicorn re-raises SIGTERM once it has drained (it restores this handler first): exit 0, not -15."""
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = Settings(**parse_args(argv))  # flags win over the environment
     configure_logging(settings.log_level)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -36,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=None,
         access_log=False,
         workers=1,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
 
 

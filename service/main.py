@@ -82,15 +82,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v2.router,
     ):
         app.include_router(router)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
-        )
     app.add_middleware(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,
         upload_limit=settings.max_upload_bytes,
         upload_paths=UPLOAD_PATHS,
     )
+    if settings.cors_origins:  # outside the body limit, so a browser can read its 413
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
+        )
     install_observability(app, settings)  # outermost: sees every request, 413s included
     return app

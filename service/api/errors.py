@@ -10,10 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from service.errors import HookserveError
 
 log = logging.getLogger("hookserve.api")
+CLIENT_CLOSED_REQUEST = 499  # nginx's code: the client left before its body arrived; nobody reads the answer
 
 
 def _error(status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -48,6 +50,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if request.url.path.startswith("/v2"):
             return JSONResponse({"error": _as_text(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
         return _error(exc.status_code, exc.detail, exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        log.info("client disconnected during %s %s", request.method, request.url.path)
+        return _error(CLIENT_CLOSED_REQUEST, "client disconnected before the request body was complete")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -11,7 +11,7 @@ class _BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """413 once a body passes its limit: `upload_limit` for upload paths, `limit` elsewhere."""
+    """413 once a body passes its limit: `upload_limit` for multipart uploads to upload paths, `limit` elsewhere."""
 
     def __init__(self, app: ASGIApp, limit: int, upload_limit: int, upload_paths: tuple[str, ...]) -> None:
         self.app = app
@@ -24,32 +24,39 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        limit, name = (
-            (self.upload_limit, "max_upload_bytes")
-            if path.startswith(self.upload_paths)
-            else (self.limit, "max_body_bytes")
+        headers = dict(scope.get("headers", []))
+        # Only a multipart file upload streams to disk; any other body is read into memory.
+        is_upload = path.startswith(self.upload_paths) and headers.get(b"content-type", b"").lower().startswith(
+            b"multipart/form-data"
         )
-        for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and int(value) > limit:
-                await _send_413(send, path, limit, name)
-                return
+        limit, name = (self.upload_limit, "max_upload_bytes") if is_upload else (self.limit, "max_body_bytes")
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            await _send_413(send, path, limit, name)
+            return
         received = 0
-        started = False
+        started = over = replaced = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    over = True
                     raise _BodyTooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
+            """Once the body overflowed, the app's own answer (it may have caught the error) becomes the 413."""
+            nonlocal started, replaced
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+                if over:
+                    replaced = True
+                    await _send_413(send, path, limit, name)
+            if not replaced:
+                await send(message)
 
         try:
             await self.app(scope, limited_receive, tracking_send)

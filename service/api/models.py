@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 
 from service.api.auth import require_admin
 from service.api.info import model_detail, model_info
+from service.api.openapi import error_responses
 from service.api.state import StateDep
-from service.schemas.common import ErrorBody
 from service.schemas.models import LoadModelRequest, ModelDetail, ModelInfo, ModelList
 
 router = APIRouter(tags=["models"])
@@ -27,7 +27,7 @@ async def list_models(state: StateDep) -> ModelList:
     "/models/{name}",
     response_model=ModelDetail,
     summary="One model's INFO with its repr",
-    responses={404: {"model": ErrorBody}},
+    responses=error_responses(404),
 )
 async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
     return model_detail(state.registry.entry(name))
@@ -39,7 +39,7 @@ async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
     response_model=ModelInfo,
     summary="Load a model at run time (admin)",
     dependencies=[Depends(require_admin)],
-    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+    responses=error_responses(400, 401, 403, 409, 422),
 )
 async def load_model(spec: LoadModelRequest, state: StateDep) -> JSONResponse:
     entry = state.registry.add(spec)
@@ -51,7 +51,7 @@ async def load_model(spec: LoadModelRequest, state: StateDep) -> JSONResponse:
     response_model=ModelInfo,
     summary="Unload a model and release its memory (admin)",
     dependencies=[Depends(require_admin)],
-    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+    responses=error_responses(401, 403, 404),
 )
 async def unload_model(name: ModelName, state: StateDep) -> ModelInfo:
     entry = state.registry.entry(name)

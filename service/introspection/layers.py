@@ -45,6 +45,9 @@ def layer_tree(model: nn.Module) -> list[LayerNode]:
     return nodes
 
 
+_MAX_PROBLEMS = 10
+
+
 def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -> list[str]:
     """Module paths named by exact names or fnmatch patterns, in `named_modules()` order, deduplicated.
 
@@ -53,6 +56,8 @@ def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -
     """
     if not patterns:
         raise InvalidField("layers: name at least one layer (GET /models/{name}/layers lists them)")
+    if len(patterns) > max_layers:  # refuse floods before any matching work
+        raise InvalidField(f"layers: {len(patterns)} names given, more than the limit of {max_layers} (max_layers)")
     names = [name for name, _ in model.named_modules(remove_duplicate=True)]
     known = set(names)
     chosen: set[str] = set()
@@ -68,7 +73,10 @@ def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -
         else:
             problems.append(f"unknown layer {pattern!r}{_hint(pattern, names)}")
     if problems:
-        raise InvalidField("; ".join(problems) + " (GET /models/{name}/layers lists them)")
+        shown = problems[:_MAX_PROBLEMS] + (
+            [f"and {len(problems) - _MAX_PROBLEMS} more"] if len(problems) > _MAX_PROBLEMS else []
+        )
+        raise InvalidField("; ".join(shown) + " (GET /models/{name}/layers lists them)")
     if len(chosen) > max_layers:
         raise InvalidField(
             f"layers: {len(chosen)} layers match, more than the limit of {max_layers}; "

@@ -1,0 +1,420 @@
+"""One test per limit of issue 6 (DESIGN.md invariant 5): each bound is a clear 4xx/503, never a crash."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import resource
+import struct
+import time
+import tracemalloc
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from service.config import Settings
+from service.main import create_app
+from service.runtime.executor import ModelExecutor
+from tests.conftest import ClientFactory, b64, sample_png, wait_settled
+from tests.reliability.live_server import slow_input, write_lenet, write_slow
+
+KiB = 1024
+LIMITS: dict[str, Any] = {
+    "max_body_bytes": 64 * KiB,
+    "max_upload_bytes": 256 * KiB,
+    "max_inputs": 4,
+    "max_layers": 3,
+    "max_image_pixels": 10_000,
+    "max_json_response_bytes": 20_000,
+    "max_binary_response_bytes": 10_000,
+    "max_ig_steps": 8,
+    "max_smoothgrad_samples": 4,
+    "max_queue": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """lenet and the slow model, one worker thread each, with small limits."""
+    model_dir = tmp_path_factory.mktemp("limits")
+    (model_dir / "models.toml").write_text(write_lenet(model_dir) + write_slow(model_dir))
+    settings = Settings(
+        model_dir=model_dir,
+        config=model_dir / "models.toml",
+        worker_threads=1,
+        cpu_threads=2,
+        torch_threads=1,
+        decode_threads=2,
+        **LIMITS,
+    )
+    with TestClient(create_app(settings)) as c:
+        wait_settled(c)
+        assert [m["status"] for m in c.get("/models").json()["models"]] == ["ready", "ready"]
+        yield c
+
+
+def executor_of(client: TestClient, name: str) -> ModelExecutor:
+    return client.app.state.hookserve.registry.ready(name)[1]  # type: ignore[attr-defined,no-any-return]
+
+
+def hooks(client: TestClient, name: str) -> int:
+    count: int = client.get(f"/models/{name}").json()["hooks"]
+    return count
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.01)
+
+
+def digit(label: int = 3) -> dict[str, str]:
+    return {"image": b64(sample_png(label))}
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A valid 1×1 PNG whose IHDR is patched (CRC fixed) to declare `width`×`height` pixels."""
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+def detail(response: Any) -> str:
+    return str(response.json()["detail"])
+
+
+# ---- request body ------------------------------------------------------------------------
+
+
+def test_body_over_limit_by_content_length(client: TestClient) -> None:
+    body = b'{"model": "lenet", "inputs": []' + b" " * LIMITS["max_body_bytes"] + b"}"
+    r = client.post("/predict", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "max_body_bytes" in detail(r)
+
+
+def test_body_over_limit_streamed_without_content_length(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "lenet", "inputs": ['
+        for _ in range(100):
+            yield b" " * KiB
+
+    r = client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413
+    assert "max_body_bytes" in detail(r)
+
+
+def test_v2_body_limits_answer_in_the_protocols_error_shape(client: TestClient) -> None:
+    """/v2 errors are `{"error": ...}`; a gzip body is bounded after decompression too (a zip bomb)."""
+    url = "/v2/models/lenet/infer"
+    r = client.post(url, content=b" " * (LIMITS["max_body_bytes"] + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "max_body_bytes" in r.json()["error"]
+    bomb = gzip.compress(b" " * (4 * LIMITS["max_body_bytes"]))
+    assert len(bomb) < KiB
+    r = client.post(url, content=bomb, headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 413
+    assert "decompressed" in r.json()["error"]
+
+
+def multipart_chunks(field: str, filename: str, payload_kib: int, extra: bytes = b"") -> Iterator[bytes]:
+    """A multipart form streamed in 1 KiB pieces: `extra` fields, then one file of `payload_kib` KiB."""
+    yield extra
+    yield f'--XX\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n\r\n'.encode()
+    for _ in range(payload_kib):
+        yield b"\x00" * KiB
+    yield b"\r\n--XX--\r\n"
+
+
+def test_multipart_body_over_limit_streamed_is_413_not_a_parse_error(client: TestClient) -> None:
+    """The form parser must not turn the overflow into a 400 'malformed form' (it used to)."""
+    model_field = b'--XX\r\nContent-Disposition: form-data; name="model"\r\n\r\nlenet\r\n'
+    r = client.post(
+        "/predict",
+        content=multipart_chunks("image", "big.png", 100, model_field),
+        headers={"content-type": "multipart/form-data; boundary=XX"},
+    )
+    assert r.status_code == 413
+    assert "max_body_bytes" in detail(r)
+
+
+# ---- checkpoint uploads ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_checkpoint_upload_over_limit(client: TestClient, streamed: bool) -> None:
+    chunks = multipart_chunks("file", "big.pt", 300)
+    content: bytes | Iterator[bytes] = chunks if streamed else b"".join(chunks)
+    r = client.post(
+        "/checkpoints/inspect", content=content, headers={"content-type": "multipart/form-data; boundary=XX"}
+    )
+    assert r.status_code == 413
+    assert "max_upload_bytes" in detail(r)
+
+
+def test_checkpoint_json_body_keeps_the_body_limit(client: TestClient) -> None:
+    """Only multipart uploads stream to disk; a JSON body to the upload path is read into memory."""
+    body = b'{"path": "' + b"a" * (LIMITS["max_body_bytes"] + KiB) + b'"}'
+    r = client.post("/checkpoints/inspect", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "max_body_bytes" in detail(r)
+
+
+def test_checkpoint_upload_streams_to_disk(make_client: ClientFactory, tmp_path: Path) -> None:
+    """A 48 MiB upload is inspected while Python holds at most 12 MiB (tracemalloc peak) at any time."""
+    size_mib = 48
+    checkpoint = tmp_path / "big.pt"
+    torch.save({"model_state_dict": {"w": torch.zeros(size_mib * 1024 * 1024 // 4)}}, checkpoint)
+    client = make_client(None)
+    boundary = b"hookserveboundary"
+    head = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="big.pt"\r\n\r\n'
+    tail = b"\r\n--" + boundary + b"--\r\n"
+    length = len(head) + checkpoint.stat().st_size + len(tail)
+    sent: list[dict[str, Any]] = []
+
+    async def drive() -> None:
+        """Call the ASGI app directly, reading the file from disk 1 MiB at a time."""
+        pieces = iter([head])
+        file = checkpoint.open("rb")
+
+        async def receive() -> dict[str, Any]:
+            nonlocal pieces
+            piece = next(pieces, None)
+            if piece is None:
+                piece = file.read(1024 * 1024)
+                if not piece:
+                    pieces, piece = iter([]), tail
+            return {"type": "http.request", "body": piece, "more_body": piece is not tail}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/checkpoints/inspect",
+            "raw_path": b"/checkpoints/inspect",
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"host", b"testserver"),
+                (b"content-type", b"multipart/form-data; boundary=" + boundary),
+                (b"content-length", str(length).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80),
+            "state": {},
+        }
+        try:
+            await client.app(scope, receive, send)  # type: ignore[arg-type]
+        finally:
+            file.close()
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        assert client.portal is not None
+        client.portal.call(drive)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sent[0]["status"] == 200, sent
+    answer = b"".join(m.get("body", b"") for m in sent[1:])
+    assert b'"numel":12582912' in answer
+    assert peak < 12 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB while uploading {size_mib} MiB"
+
+
+# ---- images ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("multipart", [False, True], ids=["json", "multipart"])
+def test_decompression_bomb_refused_from_its_header(client: TestClient, multipart: bool) -> None:
+    bomb = png_declaring(30_000, 30_000)
+    assert len(bomb) < 100
+    assert Image.open(io.BytesIO(bomb)).size == (30_000, 30_000)  # the header is valid (CRC checked)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if multipart:
+        r = client.post("/predict", data={"model": "lenet"}, files={"image": ("bomb.png", bomb, "image/png")})
+    else:
+        r = client.post("/predict", json={"model": "lenet", "inputs": [{"image": b64(bomb)}]})
+    assert r.status_code == 413
+    assert "30000x30000" in detail(r)
+    assert "max_image_pixels" in detail(r)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
+    assert grown_kib < 100 * 1024  # decoding would need 900 MB
+
+
+def test_image_at_limit_is_served(client: TestClient) -> None:
+    r = client.post("/predict", json={"model": "lenet", "inputs": [digit()]})
+    assert r.status_code == 200
+    too_big = io.BytesIO()
+    Image.new("L", (101, 100)).save(too_big, "PNG")
+    r = client.post("/predict", json={"model": "lenet", "inputs": [{"image": b64(too_big.getvalue())}]})
+    assert r.status_code == 413
+    assert "10100" in detail(r)
+
+
+# ---- items and layers per request --------------------------------------------------------
+
+
+def test_max_inputs(client: TestClient) -> None:
+    ok = client.post("/predict", json={"model": "lenet", "inputs": [digit()] * LIMITS["max_inputs"]})
+    assert ok.status_code == 200
+    assert len(ok.json()["predictions"]) == LIMITS["max_inputs"]
+    r = client.post("/predict", json={"model": "lenet", "inputs": [digit()] * (LIMITS["max_inputs"] + 1)})
+    assert r.status_code == 413
+    assert "max_inputs" in detail(r)
+    files = [("image", (f"{i}.png", sample_png(i), "image/png")) for i in range(LIMITS["max_inputs"] + 1)]
+    r = client.post("/predict", data={"model": "lenet"}, files=files)
+    assert r.status_code == 413
+    assert "max_inputs" in detail(r)
+
+
+@pytest.mark.parametrize("path", ["/activations", "/gradients"])
+def test_max_layers(client: TestClient, path: str) -> None:
+    body: dict[str, Any] = {"model": "lenet", "inputs": [digit()]}
+    if path == "/gradients":
+        body["include_input"] = False  # keeps the answer under max_json_response_bytes
+    ok = client.post(path, json=body | {"layers": ["fc1", "fc2", "fc3"]})
+    assert ok.status_code == 200
+    r = client.post(path, json=body | {"layers": ["conv*", "fc*"]})
+    assert r.status_code == 422
+    assert "5 layers" in detail(r)
+    assert "limit of 3" in detail(r)
+
+
+def test_a_flood_of_layer_names_is_refused_at_once(make_client: ClientFactory, tmp_path: Path) -> None:
+    """100000 patterns (1 MB, under the default body limit) are counted before any is matched."""
+    client = make_client(write_lenet(tmp_path))
+    body = {"model": "lenet", "inputs": [digit()], "layers": [f"x{i}*" for i in range(100_000)]}
+    r = client.post("/activations", json=body)
+    assert r.status_code == 422
+    assert len(r.content) < 64 * KiB
+    assert "100000 names given" in detail(r)
+
+
+def test_many_unknown_layers_are_listed_in_short(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = make_client(write_lenet(tmp_path), max_layers=50)
+    r = client.post(
+        "/activations", json={"model": "lenet", "inputs": [digit()], "layers": [f"x{i}" for i in range(40)]}
+    )
+    assert r.status_code == 422
+    assert "and 30 more" in detail(r)
+
+
+# ---- response sizes ----------------------------------------------------------------------
+
+
+def test_json_response_over_limit_gives_advice(client: TestClient) -> None:
+    body = {"model": "lenet", "inputs": [digit()], "layers": ["conv1"]}
+    r = client.post("/activations", json=body)
+    assert r.status_code == 413
+    text = detail(r)
+    assert "max_json_response_bytes" in text
+    assert all(word in text for word in ("stats", "reduce", "safetensors"))
+    for advice in ({"format": "stats"}, {"reduce": "mean"}):
+        assert client.post("/activations", json=body | advice).status_code == 200
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_binary_response_over_limit(client: TestClient, fmt: str) -> None:
+    body = {"model": "lenet", "inputs": [digit()], "layers": ["conv1"], "format": fmt}
+    r = client.post("/activations", json=body)  # 6×28×28 float32 = 18816 bytes
+    assert r.status_code == 413
+    assert "max_binary_response_bytes" in detail(r)
+    ok = client.post("/activations", json=body | {"reduce": "mean"})
+    assert ok.status_code == 200
+    assert ok.headers["content-type"] == "application/octet-stream"
+
+
+# ---- saliency work -----------------------------------------------------------------------
+
+
+def test_integrated_gradients_steps_limit(client: TestClient) -> None:
+    body = {"model": "lenet", "inputs": [digit()], "method": "integrated_gradients", "format": "png"}
+    assert client.post("/saliency", json=body | {"steps": LIMITS["max_ig_steps"]}).status_code == 200
+    r = client.post("/saliency", json=body | {"steps": LIMITS["max_ig_steps"] + 1})
+    assert r.status_code == 422
+    assert "max_ig_steps" in detail(r)
+
+
+def test_smoothgrad_samples_limit(client: TestClient) -> None:
+    body = {"model": "lenet", "inputs": [digit()], "method": "smoothgrad", "format": "png"}
+    assert client.post("/saliency", json=body | {"samples": LIMITS["max_smoothgrad_samples"]}).status_code == 200
+    r = client.post("/saliency", json=body | {"samples": LIMITS["max_smoothgrad_samples"] + 1})
+    assert r.status_code == 422
+    assert "max_smoothgrad_samples" in detail(r)
+
+
+# ---- queue and deadline ------------------------------------------------------------------
+
+
+def test_queue_full_is_503_with_retry_after(client: TestClient) -> None:
+    """One job runs, max_queue=2 wait; the next request is refused at once, and nothing stays queued."""
+    executor = executor_of(client, "slow")
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(
+            client.post, "/activations", json={"model": "slow", "inputs": [slow_input(1.5)], "layers": ["body"]}
+        )
+        wait_until(lambda: hooks(client, "slow") > 0)  # the worker is busy with it
+        queued = [
+            pool.submit(client.post, "/predict", json={"model": "slow", "inputs": [slow_input(0.0, fill=i)]})
+            for i in range(LIMITS["max_queue"])
+        ]
+        wait_until(lambda: executor.queue_depth == LIMITS["max_queue"])
+        started = time.perf_counter()
+        refused = client.post("/predict", json={"model": "slow", "inputs": [slow_input()]})
+        assert time.perf_counter() - started < 1.0
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert "max_queue" in detail(refused)
+        assert running.result().status_code == 200
+        assert [f.result().status_code for f in queued] == [200] * LIMITS["max_queue"]
+    assert executor.queue_depth == 0
+    assert hooks(client, "slow") == 0
+
+
+def test_deadline_is_504_saying_what_was_cut_off(make_client: ClientFactory, tmp_path: Path) -> None:
+    """A running job's result is dropped, a queued job never runs; the model serves on."""
+    client = make_client(write_slow(tmp_path), request_timeout_s=0.5, worker_threads=1)
+    executor = executor_of(client, "slow")
+    body = {"model": "slow", "layers": ["body"]}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(client.post, "/activations", json=body | {"inputs": [slow_input(1.5)]})
+        wait_until(lambda: hooks(client, "slow") > 0)
+        queued = pool.submit(client.post, "/activations", json=body | {"inputs": [slow_input()]})
+        cut_running, cut_queued = running.result(), queued.result()
+    assert cut_running.status_code == 504
+    assert "request_timeout_s" in detail(cut_running)
+    assert "running" in detail(cut_running)
+    assert cut_queued.status_code == 504
+    assert "queued (it will not run)" in detail(cut_queued)
+    wait_until(lambda: hooks(client, "slow") == 0 and executor.queue_depth == 0)
+    assert client.post("/activations", json=body | {"inputs": [slow_input()]}).status_code == 200
+    assert executor.stats.exclusive_jobs == 2  # the slow one and the last one; the queued one never ran
+
+
+def test_deadline_applies_to_predictions(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = make_client(write_slow(tmp_path), request_timeout_s=0.3, worker_threads=1)
+    started = time.perf_counter()
+    r = client.post("/predict", json={"model": "slow", "inputs": [slow_input(1.0)]})
+    assert r.status_code == 504
+    assert time.perf_counter() - started < 0.9
