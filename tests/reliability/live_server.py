@@ -100,10 +100,13 @@ def free_port() -> int:
 class LiveServer:
     """`python -m service --config ... --model-dir ...` on 127.0.0.1:<free port>, as a context manager."""
 
-    def __init__(self, model_dir: Path, config_text: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, model_dir: Path, config_text: str | None, env: dict[str, str] | None = None) -> None:
+        """`config_text` None serves the built-in registry."""
         self.model_dir = model_dir
-        self.config = model_dir / "models.toml"
-        self.config.write_text(config_text)
+        self.config: Path | None = None
+        if config_text is not None:
+            self.config = model_dir / "models.toml"
+            self.config.write_text(config_text)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = model_dir / "server.log"
@@ -125,7 +128,9 @@ class LiveServer:
         return self.process.pid
 
     def start(self, timeout: float = 120.0) -> LiveServer:
-        args = [sys.executable, "-m", "service", "--config", str(self.config), "--model-dir", str(self.model_dir)]
+        args = [sys.executable, "-m", "service", "--model-dir", str(self.model_dir)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
         args += ["--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu"]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(args, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
