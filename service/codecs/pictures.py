@@ -22,8 +22,9 @@ MIN_TILE = 32  # small feature maps are upscaled (nearest) to at least this many
 Array = NDArray[np.float64]
 
 
-def feature_grid_png(fmap: torch.Tensor | NDArray[np.generic], max_channels: int = 64,
-                     tile_scale: int | None = None) -> bytes:
+def feature_grid_png(
+    fmap: torch.Tensor | NDArray[np.generic], max_channels: int = 64, tile_scale: int | None = None
+) -> bytes:
     """Grayscale grid of the first `max_channels` channels of `fmap` `[C, h, w]` (or `[h, w]`).
 
     Each channel is min-max scaled to 0..255 on its own (flat channels are black); tiles are
@@ -49,8 +50,9 @@ def feature_grid_png(fmap: torch.Tensor | NDArray[np.generic], max_channels: int
     return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))
 
 
-def heatmap_overlay(image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic],
-                    alpha: float = 0.5) -> NDArray[np.uint8]:
+def heatmap_overlay(
+    image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic], alpha: float = 0.5
+) -> NDArray[np.uint8]:
     """`[H, W, 3]` uint8: `(1 - alpha) * image + alpha * colormap(heatmap)` (grayscale repeated to RGB)."""
     rgb = _rgb(_array(image))
     heat = _array(heatmap)
@@ -63,15 +65,18 @@ def heatmap_overlay(image: torch.Tensor | NDArray[np.generic], heatmap: torch.Te
     return np.round(np.clip(blended, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def heatmap_overlay_png(image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic],
-                        alpha: float = 0.5) -> bytes:
+def heatmap_overlay_png(
+    image: torch.Tensor | NDArray[np.generic], heatmap: torch.Tensor | NDArray[np.generic], alpha: float = 0.5
+) -> bytes:
     """PNG of a heatmap `[H, W]` in [0, 1] blended over an image `[C, H, W]` in [0, 1] (de-normalised)."""
     return _encode(heatmap_overlay(image, heatmap, alpha))
 
 
-def heatmap_grid_png(images: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
-                     heatmaps: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
-                     alpha: float = 0.5) -> bytes:
+def heatmap_grid_png(
+    images: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
+    heatmaps: Sequence[torch.Tensor | NDArray[np.generic]] | torch.Tensor,
+    alpha: float = 0.5,
+) -> bytes:
     """Several overlays in input order: one row for up to four, else a near-square grid."""
     if len(images) != len(heatmaps) or len(images) == 0:
         raise ValueError(f"need as many heatmaps as images (at least one), got {len(images)} and {len(heatmaps)}")

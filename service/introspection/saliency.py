@@ -93,8 +93,9 @@ def compute_saliency(
         elif method is SaliencyMethod.INPUT_X_GRADIENT:
             attributions = InputXGradient(model).attribute(inputs, target=target_list)
         elif method is SaliencyMethod.SMOOTHGRAD:
-            attributions = _smoothgrad(model, inputs, target_list, samples=samples, noise=noise, seed=seed,
-                                       batch_size=smoothgrad_batch_size)
+            attributions = _smoothgrad(
+                model, inputs, target_list, samples=samples, noise=noise, seed=seed, batch_size=smoothgrad_batch_size
+            )
         elif method is SaliencyMethod.INTEGRATED_GRADIENTS:
             attributions, delta = _integrated_gradients(model, inputs, target_list, steps, ig_internal_batch_size)
             deltas = [float(d) for d in delta.tolist()]
@@ -107,17 +108,25 @@ def compute_saliency(
         attribution = attributions[i].detach()
         if method is SaliencyMethod.GRADCAM:
             attribution = attribution[0]
-            heatmap = F.interpolate(attributions[i : i + 1].float(), size=tuple(x.shape[-2:]),
-                                    mode="bilinear", align_corners=False)[0, 0]
+            heatmap = F.interpolate(
+                attributions[i : i + 1].float(), size=tuple(x.shape[-2:]), mode="bilinear", align_corners=False
+            )[0, 0]
         else:
             heatmap = _input_space_map(attribution)
-        items.append(SaliencyItem(target_list[i], scores[i], probabilities[i], attribution, _minmax(heatmap),
-                                  deltas[i]))
+        items.append(
+            SaliencyItem(target_list[i], scores[i], probabilities[i], attribution, _minmax(heatmap), deltas[i])
+        )
     return items
 
 
 def _smoothgrad(
-    model: nn.Module, inputs: Tensor, targets: list[int], *, samples: int, noise: float, seed: int,
+    model: nn.Module,
+    inputs: Tensor,
+    targets: list[int],
+    *,
+    samples: int,
+    noise: float,
+    seed: int,
     batch_size: int | None,
 ) -> Tensor:
     """NoiseTunnel(Saliency) per input: its noise level `noise * (x.max() - x.min())` is per input.
@@ -138,8 +147,16 @@ def _smoothgrad(
         stdev = float(noise * (row.max() - row.min()))
         row.requires_grad_(True)
         with _seeded(seed, row.device):
-            out.append(tunnel.attribute(row, nt_type="smoothgrad", nt_samples=samples,
-                                        nt_samples_batch_size=batch_size, stdevs=stdev, target=target))
+            out.append(
+                tunnel.attribute(
+                    row,
+                    nt_type="smoothgrad",
+                    nt_samples=samples,
+                    nt_samples_batch_size=batch_size,
+                    stdevs=stdev,
+                    target=target,
+                )
+            )
     return torch.cat(out)
 
 
@@ -151,8 +168,14 @@ def _integrated_gradients(
     attributions, deltas = [], []
     for start in range(0, inputs.shape[0], batch_size):
         chunk = inputs[start : start + batch_size].detach().requires_grad_(True)
-        attr, delta = ig.attribute(chunk, baselines=0, target=targets[start : start + batch_size], n_steps=steps,
-                                   internal_batch_size=batch_size, return_convergence_delta=True)
+        attr, delta = ig.attribute(
+            chunk,
+            baselines=0,
+            target=targets[start : start + batch_size],
+            n_steps=steps,
+            internal_batch_size=batch_size,
+            return_convergence_delta=True,
+        )
         attributions.append(attr)
         deltas.append(delta)
     return torch.cat(attributions), torch.cat(deltas)

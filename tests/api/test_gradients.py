@@ -147,8 +147,13 @@ def check_grads(got: dict[str, Any], want: dict[str, Tensor], scale_rtol: float 
 
 def test_resnet18_layers_and_input_per_input_targets(client: TestClient, r18: ResNet) -> None:
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    out = post(client, model="resnet18", inputs=[tensor_input(x[0]), tensor_input(x[1], as_b64=True)],
-               target=[3, 917], layers=["layer4", "layer1.0.bn1"])
+    out = post(
+        client,
+        model="resnet18",
+        inputs=[tensor_input(x[0]), tensor_input(x[1], as_b64=True)],
+        target=[3, 917],
+        layers=["layer4", "layer1.0.bn1"],
+    )
     targets, scores, want = expected(r18_parts, r18, x, [3, 917], ["layer1.0.bn1", "layer4"])
     assert out["model"] == "resnet18"
     assert out["targets"] == targets == [3, 917]
@@ -160,8 +165,9 @@ def test_resnet18_layers_and_input_per_input_targets(client: TestClient, r18: Re
 
 
 def test_lenet_conv2_images_top1(client: TestClient, lenet: LeNet) -> None:
-    out = post(client, model="lenet", inputs=[{"image": b64(sample_png(3))}, {"image": b64(sample_png(8))}],
-               layers=["conv2"])
+    out = post(
+        client, model="lenet", inputs=[{"image": b64(sample_png(3))}, {"image": b64(sample_png(8))}], layers=["conv2"]
+    )
     targets, scores, want = expected(lenet_parts, lenet, torch.stack([digit(3), digit(8)]), None, ["conv2"])
     assert out["targets"] == targets == [3, 8]  # top-1 per input (the trained net reads both digits)
     np.testing.assert_allclose(out["scores"], scores, rtol=1e-5)
@@ -194,8 +200,9 @@ def test_targets_by_index_and_label(
 
 
 def test_include_input_false_leaves_input_out(client: TestClient, lenet: LeNet) -> None:
-    out = post(client, model="lenet", inputs=[{"image": b64(sample_png(4))}], target=4, layers=["conv2"],
-               include_input=False)
+    out = post(
+        client, model="lenet", inputs=[{"image": b64(sample_png(4))}], target=4, layers=["conv2"], include_input=False
+    )
     _, _, want = expected(lenet_parts, lenet, digit(4)[None], [4], ["conv2"])
     assert list(out["gradients"]) == ["conv2"]
     check_grads(out["gradients"], {"conv2": want["conv2"]})
@@ -210,8 +217,10 @@ def safetensors_metadata(data: bytes) -> dict[str, Any]:
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
     x = torch.stack([digit(2), digit(6)])
-    response = client.post("/gradients", json={"model": "lenet", "inputs": [tensor_input(t) for t in x],
-                                               "layers": ["conv2", "relu"], "format": fmt})
+    response = client.post(
+        "/gradients",
+        json={"model": "lenet", "inputs": [tensor_input(t) for t in x], "layers": ["conv2", "relu"], "format": fmt},
+    )
     assert response.status_code == 200, response.text[:500]
     assert response.headers["content-type"] == "application/octet-stream"
     assert f'filename="gradients.{fmt}"' in response.headers["content-disposition"]
@@ -236,8 +245,11 @@ def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
 
 def test_multipart_curl_style(client: TestClient, lenet: LeNet) -> None:
     files = [("image", ("a.png", sample_png(3), "image/png")), ("image", ("b.png", sample_png(8), "image/png"))]
-    response = client.post("/gradients", data={"model": "pets", "target": "five", "layers": "conv2,fc1",
-                                               "include_input": "false"}, files=files)
+    response = client.post(
+        "/gradients",
+        data={"model": "pets", "target": "five", "layers": "conv2,fc1", "include_input": "false"},
+        files=files,
+    )
     assert response.status_code == 200, response.text[:500]
     out = response.json()
     assert out["targets"] == [5, 5]  # one label for every image, not a one-item list
@@ -279,9 +291,14 @@ def test_invalid_fields_are_422_and_leave_no_hooks(
 
 def test_features_only_model_is_422_not_class_scores(builtin_client: TestClient) -> None:
     layers = [row["name"] for row in builtin_client.get("/models/efficientvit_b0/layers").json()["layers"]]
-    response = builtin_client.post("/gradients", json={
-        "model": "efficientvit_b0", "inputs": [tensor_input(torch.zeros(3, 64, 64))], "layers": [layers[1]],
-    })
+    response = builtin_client.post(
+        "/gradients",
+        json={
+            "model": "efficientvit_b0",
+            "inputs": [tensor_input(torch.zeros(3, 64, 64))],
+            "layers": [layers[1]],
+        },
+    )
     assert response.status_code == 422, response.text[:500]
     assert "not class scores" in response.json()["detail"]
     assert hooks(builtin_client, "efficientvit_b0") == 0
@@ -292,10 +309,10 @@ def test_unknown_model_is_404(client: TestClient) -> None:
     assert response.status_code == 404
 
 
-
 def test_a_shape_the_model_cannot_take_is_422(client: TestClient, r18: ResNet) -> None:
-    response = client.post("/gradients", json={"model": "lenet", "inputs": [tensor_input(torch.zeros(3, 40, 40))],
-                                               "layers": ["conv2"]})
+    response = client.post(
+        "/gradients", json={"model": "lenet", "inputs": [tensor_input(torch.zeros(3, 40, 40))], "layers": ["conv2"]}
+    )
     assert response.status_code == 422, response.text[:500]
     assert "cannot run on samples of shape [3, 40, 40]" in response.json()["detail"]
     assert hooks(client, "lenet") == 0
@@ -307,8 +324,12 @@ def test_a_shape_the_model_cannot_take_is_422(client: TestClient, r18: ResNet) -
 
 def test_device_oom_is_503_and_the_model_keeps_serving(make_client: ClientFactory, tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    client = make_client('[[models]]\nname = "probe"\nsource = "python"\narchitecture = "probe.py:Probe"\n'
-                         'input_size = [3, 8, 8]\n', device="cpu", worker_threads=1, torch_threads=1)
+    client = make_client(
+        '[[models]]\nname = "probe"\nsource = "python"\narchitecture = "probe.py:Probe"\ninput_size = [3, 8, 8]\n',
+        device="cpu",
+        worker_threads=1,
+        torch_threads=1,
+    )
     flagged = torch.zeros(3, 8, 8)
     flagged[0, 0, 0] = 5000.0
     response = client.post("/gradients", json={"model": "probe", "inputs": [tensor_input(flagged)], "layers": ["conv"]})

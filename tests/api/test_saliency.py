@@ -105,8 +105,16 @@ def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[Te
     torch.save(r18.state_dict(), root / "r18.pt")
     (root / "probe.py").write_text(PROBE)
     (root / "models.toml").write_text(_config())
-    settings = Settings(model_dir=root, config=root / "models.toml", device="cpu", worker_threads=2, torch_threads=1,
-                        max_ig_steps=IG_LIMIT, max_smoothgrad_samples=SG_LIMIT, ig_internal_batch_size=IG_BATCH)
+    settings = Settings(
+        model_dir=root,
+        config=root / "models.toml",
+        device="cpu",
+        worker_threads=2,
+        torch_threads=1,
+        max_ig_steps=IG_LIMIT,
+        max_smoothgrad_samples=SG_LIMIT,
+        ig_internal_batch_size=IG_BATCH,
+    )
     with TestClient(create_app(settings)) as c:
         wait_settled(c)
         assert {m["name"]: m["status"] for m in c.get("/models").json()["models"]} == dict.fromkeys(
@@ -142,8 +150,9 @@ def last_conv(model: nn.Module) -> nn.Module:
     return [m for m in model.modules() if isinstance(m, nn.Conv2d)][-1]
 
 
-def captum(model: nn.Module, x: Tensor, method: str, targets: list[int], layer: nn.Module | None = None
-           ) -> tuple[Tensor, Tensor | None]:
+def captum(
+    model: nn.Module, x: Tensor, method: str, targets: list[int], layer: nn.Module | None = None
+) -> tuple[Tensor, Tensor | None]:
     """What API.md says each method equals, per input x and target t; SmoothGrad seeded per input."""
     x = x.clone().requires_grad_(True)
     if method == "gradient":
@@ -161,9 +170,11 @@ def captum(model: nn.Module, x: Tensor, method: str, targets: list[int], layer: 
             row = x[i : i + 1].detach()
             stdev = float(NOISE * (row.max() - row.min()))
             torch.manual_seed(SEED)
-            rows.append(NoiseTunnel(Saliency(model)).attribute(
-                row.requires_grad_(True), nt_type="smoothgrad", nt_samples=SAMPLES, stdevs=stdev, target=t
-            ))
+            rows.append(
+                NoiseTunnel(Saliency(model)).attribute(
+                    row.requires_grad_(True), nt_type="smoothgrad", nt_samples=SAMPLES, stdevs=stdev, target=t
+                )
+            )
         return torch.cat(rows), None
     assert method == "gradcam"
     gradcam = LayerGradCam(model, layer or last_conv(model))
@@ -197,16 +208,23 @@ CASES = [(model, method) for model in ("lenet", "resnet18") for method in METHOD
 
 
 @pytest.mark.parametrize(("model_name", "method"), CASES)
-def test_parity_with_captum(
-    client: TestClient, lenet: LeNet, r18: ResNet, model_name: str, method: str
-) -> None:
+def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model_name: str, method: str) -> None:
     model: nn.Module
     if model_name == "lenet":
         model, x, targets = lenet, torch.stack([digit(3), digit(8)]), [3, 5]
     else:
         model, x, targets = r18, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2)), [3, 917]
-    out = saliency(client, model=model_name, inputs=[tensor_input(t) for t in x], method=method, target=targets,
-                   steps=STEPS, samples=SAMPLES, noise=NOISE, seed=SEED)
+    out = saliency(
+        client,
+        model=model_name,
+        inputs=[tensor_input(t) for t in x],
+        method=method,
+        target=targets,
+        steps=STEPS,
+        samples=SAMPLES,
+        noise=NOISE,
+        seed=SEED,
+    )
     want, deltas = captum(model, x, method, targets)
     with torch.no_grad():
         logits = model(x)
@@ -218,8 +236,7 @@ def test_parity_with_captum(
         assert result["target"] == targets[i]
         assert result["label"] == str(targets[i])  # lenet's labels are "0".."9"; resnet18 has none
         np.testing.assert_allclose(result["score"], float(logits[i, targets[i]]), rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(result["probability"], float(logits[i].softmax(0)[targets[i]]), rtol=1e-3,
-                                   atol=1e-7)
+        np.testing.assert_allclose(result["probability"], float(logits[i].softmax(0)[targets[i]]), rtol=1e-3, atol=1e-7)
         attribution = as_tensor(result["attribution"])
         expected = want[i].detach()
         if method == "gradcam":  # at the layer's resolution: lenet conv2 10×10, resnet18 layer4 2×2
@@ -261,8 +278,7 @@ def test_gradcam_named_layer(client: TestClient, lenet: LeNet) -> None:
 def test_integrated_gradients_completeness(client: TestClient, lenet: LeNet) -> None:
     """Sundararajan et al.: sum of attributions = f(x) − f(baseline) for the target, up to the Riemann error."""
     x = torch.stack([digit(4), digit(9)])
-    out = saliency(client, model="lenet", inputs=[tensor_input(t) for t in x], method="integrated_gradients",
-                   steps=256)
+    out = saliency(client, model="lenet", inputs=[tensor_input(t) for t in x], method="integrated_gradients", steps=256)
     with torch.no_grad():
         fx, f0 = lenet(x), lenet(torch.zeros_like(x))
     for i, result in enumerate(out["results"]):
@@ -280,11 +296,18 @@ def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
     model = client.app.state.hookserve.registry.ready("probe")[0].module  # type: ignore[attr-defined]
     model.max_batch = 0
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
-    out = saliency(client, model="probe", inputs=[tensor_input(t) for t in x], method="integrated_gradients",
-                   steps=200, target=[0, 2])
+    out = saliency(
+        client,
+        model="probe",
+        inputs=[tensor_input(t) for t in x],
+        method="integrated_gradients",
+        steps=200,
+        target=[0, 2],
+    )
     assert model.max_batch == IG_BATCH
-    want, _ = IntegratedGradients(model).attribute(x.clone().requires_grad_(True), baselines=0, target=[0, 2],
-                                                   n_steps=200, return_convergence_delta=True)
+    want, _ = IntegratedGradients(model).attribute(
+        x.clone().requires_grad_(True), baselines=0, target=[0, 2], n_steps=200, return_convergence_delta=True
+    )
     for result, expected in zip(out["results"], want, strict=True):
         close(as_tensor(result["attribution"]), expected.detach(), "chunked IG")
 
@@ -339,8 +362,9 @@ def test_invalid_fields_are_422_and_leave_no_hooks(client: TestClient, body: dic
 
 @pytest.mark.parametrize("method", ["gradient", "gradcam"])
 def test_a_shape_the_model_cannot_take_is_422(client: TestClient, method: str) -> None:
-    response = client.post("/saliency", json={"model": "lenet", "inputs": [tensor_input(torch.zeros(3, 40, 40))],
-                                              "method": method})
+    response = client.post(
+        "/saliency", json={"model": "lenet", "inputs": [tensor_input(torch.zeros(3, 40, 40))], "method": method}
+    )
     assert response.status_code == 422, response.text[:500]
     assert "cannot run on samples of shape [3, 40, 40]" in response.json()["detail"]
     assert hooks(client, "lenet") == 0
@@ -348,9 +372,14 @@ def test_a_shape_the_model_cannot_take_is_422(client: TestClient, method: str) -
 
 def test_features_only_model_is_422_not_class_scores(builtin_client: TestClient) -> None:
     for method in ("gradient", "gradcam"):
-        response = builtin_client.post("/saliency", json={
-            "model": "efficientvit_b0", "inputs": [tensor_input(torch.zeros(3, 64, 64))], "method": method,
-        })
+        response = builtin_client.post(
+            "/saliency",
+            json={
+                "model": "efficientvit_b0",
+                "inputs": [tensor_input(torch.zeros(3, 64, 64))],
+                "method": method,
+            },
+        )
         assert response.status_code == 422, response.text[:500]
         assert "not class scores" in response.json()["detail"]
     assert hooks(builtin_client, "efficientvit_b0") == 0
@@ -367,21 +396,46 @@ def decode_png(response: Any) -> Image.Image:
 
 @pytest.mark.parametrize("method", ["gradcam", "smoothgrad"])
 def test_png_single_and_grid(client: TestClient, method: str) -> None:
-    one = decode_png(client.post("/saliency", json={
-        "model": "lenet", "inputs": [{"image": b64(sample_png(5))}], "method": method, "samples": 4, "format": "png",
-    }))
+    one = decode_png(
+        client.post(
+            "/saliency",
+            json={
+                "model": "lenet",
+                "inputs": [{"image": b64(sample_png(5))}],
+                "method": method,
+                "samples": 4,
+                "format": "png",
+            },
+        )
+    )
     assert one.mode == "RGB"
     assert one.size == (224, 224)  # 32×32 enlarged ×7 to be seen
-    three = decode_png(client.post("/saliency", json={
-        "model": "lenet", "inputs": [{"image": b64(sample_png(d))} for d in (1, 2, 3)], "method": method,
-        "samples": 4, "format": "png",
-    }))
+    three = decode_png(
+        client.post(
+            "/saliency",
+            json={
+                "model": "lenet",
+                "inputs": [{"image": b64(sample_png(d))} for d in (1, 2, 3)],
+                "method": method,
+                "samples": 4,
+                "format": "png",
+            },
+        )
+    )
     assert three.mode == "RGB"
     assert three.size == (3 * 224 + 2 * 2, 224)  # one row, 2 px separators
-    r18 = decode_png(client.post("/saliency", json={
-        "model": "resnet18", "inputs": [tensor_input(torch.rand(3, 64, 64))], "method": method, "samples": 2,
-        "format": "png",
-    }))
+    r18 = decode_png(
+        client.post(
+            "/saliency",
+            json={
+                "model": "resnet18",
+                "inputs": [tensor_input(torch.rand(3, 64, 64))],
+                "method": method,
+                "samples": 2,
+                "format": "png",
+            },
+        )
+    )
     assert r18.size == (256, 256)
 
 
@@ -405,8 +459,13 @@ def safetensors_metadata(data: bytes) -> dict[str, Any]:
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(client: TestClient, fmt: str) -> None:
-    body = {"model": "lenet", "inputs": [tensor_input(digit(3)), tensor_input(digit(8))],
-            "method": "integrated_gradients", "steps": 16, "target": [3, 8]}
+    body = {
+        "model": "lenet",
+        "inputs": [tensor_input(digit(3)), tensor_input(digit(8))],
+        "method": "integrated_gradients",
+        "steps": 16,
+        "target": [3, 8],
+    }
     reference = saliency(client, **body)
     response = client.post("/saliency", json={**body, "format": fmt})
     assert response.status_code == 200, response.text[:500]
@@ -431,8 +490,9 @@ def test_binary_formats(client: TestClient, fmt: str) -> None:
 
 def test_multipart_curl_style(client: TestClient, lenet: LeNet) -> None:
     image = [("image", ("digit.png", sample_png(2), "image/png"))]
-    png = decode_png(client.post("/saliency", data={"model": "lenet", "method": "gradcam", "format": "png"},
-                                 files=image))
+    png = decode_png(
+        client.post("/saliency", data={"model": "lenet", "method": "gradcam", "format": "png"}, files=image)
+    )
     assert png.size == (224, 224)
     files = [("image", ("a.png", sample_png(2), "image/png")), ("image", ("b.png", sample_png(7), "image/png"))]
     response = client.post("/saliency", data={"model": "lenet", "method": "gradcam", "target": "4"}, files=files)
@@ -459,8 +519,9 @@ def test_device_oom_is_503_and_the_model_keeps_serving(client: TestClient, metho
     assert client.get("/models/probe").json()["status"] == "ready"
     ok = saliency(client, model="probe", inputs=[tensor_input(torch.ones(3, 8, 8))], method=method)
     assert len(ok["results"]) == 1
-    gradients = client.post("/gradients", json={"model": "probe", "inputs": [tensor_input(flagged)],
-                                                 "layers": ["conv"]})
+    gradients = client.post(
+        "/gradients", json={"model": "probe", "inputs": [tensor_input(flagged)], "layers": ["conv"]}
+    )
     assert gradients.status_code == 503, gradients.text[:500]
     assert "retry-after" in gradients.headers
     assert hooks(client, "probe") == 0
