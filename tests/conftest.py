@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.main import create_app
-from service.zoo.lenet import samples_dir
+from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, samples_dir, weights_path
 
 torch.set_num_threads(1)
 
@@ -78,3 +79,30 @@ def tensor_input(t: torch.Tensor, *, as_b64: bool = False) -> dict[str, Any]:
     if as_b64:
         return {"tensor": {"shape": list(t.shape), "dtype": "float32", "b64": b64(t.float().numpy().tobytes())}}
     return {"tensor": {"shape": list(t.shape), "dtype": "float32", "data": t.float().tolist()}}
+
+
+def write_lenet(model_dir: Path, name: str = "lenet", labels: str = "digits_labels.txt") -> str:
+    """Copy the shipped LeNet weights and a labels file into `model_dir`; return the TOML entry serving them.
+
+    The preprocessing is spelled out (as a user's config would) rather than taken from the zoo.
+    """
+    shutil.copyfile(weights_path(), model_dir / "lenet_digits.pt")
+    if not (model_dir / labels).exists():
+        shutil.copyfile(labels_path(), model_dir / labels)
+    return f"""
+[[models]]
+name = "{name}"
+source = "python"
+architecture = "service.zoo.lenet:LeNet"
+weights = "lenet_digits.pt"
+labels = "{labels}"
+input_size = [3, 32, 32]
+max_batch_delay_ms = 1.0
+[models.preprocess]
+resize = 32
+crop = 32
+interpolation = "bilinear"
+mean = {LENET_MEAN}
+std = {LENET_STD}
+grayscale = true
+"""

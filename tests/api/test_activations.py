@@ -6,7 +6,6 @@ import importlib.util
 import io
 import json
 import math
-import shutil
 import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
@@ -28,8 +27,8 @@ from service.codecs.pictures import feature_grid_png
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import labels_path, lenet_preprocess_spec, load_lenet, weights_path
-from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled
+from service.zoo.lenet import lenet_preprocess_spec, load_lenet
+from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled, write_lenet
 
 HOOK_DICTS = (
     "_forward_hooks",
@@ -89,16 +88,6 @@ name = "toy"
 source = "python"
 architecture = "toy.py:Toy"
 input_size = [4, 6, 6]
-"""
-
-LENET_TOML = """
-[[models]]
-name = "lenet"
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-labels = "digits_labels.txt"
-input_size = [3, 32, 32]
 """
 
 
@@ -200,12 +189,6 @@ def load_toy_module(path: Path) -> nn.Module:
     spec.loader.exec_module(module)
     toy: nn.Module = module.Toy().eval()
     return toy
-
-
-def lenet_dir(tmp_path: Path) -> Path:
-    shutil.copy(weights_path(), tmp_path / "lenet_digits.pt")
-    shutil.copy(labels_path(), tmp_path / "digits_labels.txt")
-    return tmp_path
 
 
 @contextmanager
@@ -497,8 +480,7 @@ def test_multipart_form_like_curl(builtin_client: TestClient, lenet: nn.Module) 
 
 
 def test_json_answer_over_limit_is_413_with_advice(tmp_path: Path, make_client: ClientFactory) -> None:
-    lenet_dir(tmp_path)
-    client = make_client(LENET_TOML, max_json_response_bytes=20_000)
+    client = make_client(write_lenet(tmp_path), max_json_response_bytes=20_000)
     inputs = [tensor_input(lenet_pixels(3))]
     response = client.post("/activations", json={"model": "lenet", "inputs": inputs, "layers": ["conv1"]})
     assert response.status_code == 413  # 4704 floats do not fit in 20 kB of JSON

@@ -6,7 +6,6 @@ import io
 import os
 import pickle
 import random
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,8 @@ from torch import nn
 
 from service.config import Settings
 from service.main import create_app
-from service.zoo.lenet import LeNet, labels_path, weights_path
-from tests.conftest import ClientFactory, wait_settled
-
-LENET_TOML = """
-[[models]]
-name = "lenet"
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-labels = "digits_labels.txt"
-input_size = [3, 32, 32]
-"""
+from service.zoo.lenet import LeNet
+from tests.conftest import ClientFactory, wait_settled, write_lenet
 
 
 class Evil:
@@ -45,9 +34,7 @@ class Evil:
 
 
 def lenet_dir(root: Path) -> Path:
-    shutil.copy(weights_path(), root / "lenet_digits.pt")
-    shutil.copy(labels_path(), root / "digits_labels.txt")
-    (root / "models.toml").write_text(LENET_TOML)
+    (root / "models.toml").write_text(write_lenet(root))
     return root
 
 
@@ -255,8 +242,7 @@ def test_unreadable_files_are_400(client: TestClient, data: bytes) -> None:
 
 
 def test_upload_over_the_limit_is_413(tmp_path: Path, make_client: ClientFactory) -> None:
-    lenet_dir(tmp_path)
-    small = make_client(LENET_TOML, max_upload_bytes=1000)
+    small = make_client(write_lenet(tmp_path), max_upload_bytes=1000)
     response = upload(small, os.urandom(2000))
     assert response.status_code == 413
     assert "max_upload_bytes" in response.json()["detail"]

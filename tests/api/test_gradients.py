@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,30 +22,18 @@ from torchvision.models import ResNet, resnet18
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, labels_path, lenet_preprocess_spec, weights_path
-from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled
+from service.zoo.lenet import LeNet, lenet_preprocess_spec, weights_path
+from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled, write_lenet
 
 PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
-def _config() -> str:
-    lenet = f"""
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-input_size = [3, 32, 32]
-[models.preprocess]
-resize = 32
-crop = 32
-interpolation = "bilinear"
-mean = {LENET_MEAN}
-std = {LENET_STD}
-grayscale = true
-"""
+def _config(root: Path) -> str:
+    (root / "pets.txt").write_text("\n".join(PETS) + "\n")
     return (
-        f'[[models]]\nname = "lenet"\nlabels = "digits.txt"\n{lenet}\n'
-        f'[[models]]\nname = "pets"\nlabels = "pets.txt"\n{lenet}\n'
-        '[[models]]\nname = "resnet18"\nsource = "torchvision"\narchitecture = "resnet18"\nweights = "r18.pt"\n'
+        write_lenet(root, labels="digits.txt")
+        + write_lenet(root, name="pets", labels="pets.txt")
+        + '[[models]]\nname = "resnet18"\nsource = "torchvision"\narchitecture = "resnet18"\nweights = "r18.pt"\n'
     )
 
 
@@ -67,11 +54,8 @@ def lenet() -> LeNet:
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[TestClient]:
     root = tmp_path_factory.mktemp("gradients")
-    shutil.copy(weights_path(), root / "lenet_digits.pt")
-    shutil.copy(labels_path(), root / "digits.txt")
-    (root / "pets.txt").write_text("\n".join(PETS) + "\n")
     torch.save(r18.state_dict(), root / "r18.pt")
-    (root / "models.toml").write_text(_config())
+    (root / "models.toml").write_text(_config(root))
     settings = Settings(model_dir=root, config=root / "models.toml", device="cpu", worker_threads=2, torch_threads=1)
     with TestClient(create_app(settings)) as c:
         wait_settled(c)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,8 @@ from torchvision.models import ResNet, resnet18
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, labels_path, lenet_preprocess_spec, weights_path
-from tests.conftest import b64, sample_png, tensor_input, wait_settled
+from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, lenet_preprocess_spec, weights_path
+from tests.conftest import b64, sample_png, tensor_input, wait_settled, write_lenet
 
 METHODS = ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
 IG_LIMIT, SG_LIMIT, IG_BATCH = 300, 40, 16
@@ -53,23 +53,10 @@ class Probe(nn.Module):
 '''
 
 
-def _config() -> str:
-    return f"""
-[[models]]
-name = "lenet"
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-labels = "digits.txt"
-input_size = [3, 32, 32]
-[models.preprocess]
-resize = 32
-crop = 32
-interpolation = "bilinear"
-mean = {LENET_MEAN}
-std = {LENET_STD}
-grayscale = true
-
+def _config(root: Path) -> str:
+    return (
+        write_lenet(root, labels="digits.txt")
+        + """
 [[models]]
 name = "resnet18"
 source = "torchvision"
@@ -82,6 +69,7 @@ source = "python"
 architecture = "probe.py:Probe"
 input_size = [3, 8, 8]
 """
+    )
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +88,9 @@ def lenet() -> LeNet:
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[TestClient]:
     root = tmp_path_factory.mktemp("saliency")
-    shutil.copy(weights_path(), root / "lenet_digits.pt")
-    shutil.copy(labels_path(), root / "digits.txt")
     torch.save(r18.state_dict(), root / "r18.pt")
     (root / "probe.py").write_text(PROBE)
-    (root / "models.toml").write_text(_config())
+    (root / "models.toml").write_text(_config(root))
     settings = Settings(
         model_dir=root,
         config=root / "models.toml",

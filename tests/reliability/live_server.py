@@ -8,7 +8,6 @@ last resort); its log is kept in a file so a failing test can show it. `write_le
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,8 +17,6 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
-
-from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, weights_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,28 +43,6 @@ class Slow(nn.Module):
             time.sleep(delay)
         return self.body(x.reshape(x.shape[0], -1))
 '''
-
-
-def write_lenet(model_dir: Path, name: str = "lenet") -> str:
-    """Copy the shipped LeNet weights and labels into `model_dir`; the TOML entry serving them."""
-    shutil.copyfile(weights_path(), model_dir / "lenet_digits.pt")
-    shutil.copyfile(labels_path(), model_dir / "digits.txt")
-    return f"""
-[[models]]
-name = "{name}"
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-labels = "digits.txt"
-input_size = [3, 32, 32]
-max_batch_delay_ms = 1.0
-[models.preprocess]
-resize = 32
-crop = 32
-mean = {LENET_MEAN}
-std = {LENET_STD}
-grayscale = true
-"""
 
 
 def write_slow(model_dir: Path, name: str = "slow") -> str:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import service.runtime.executor as executor_module
-from tests.conftest import ClientFactory, b64, sample_png
-from tests.reliability.live_server import LiveServer, slow_input, write_lenet, write_slow
+from tests.conftest import ClientFactory, b64, sample_png, write_lenet
+from tests.reliability.live_server import LiveServer, slow_input, write_slow
 
 ADMIN = "s3cret-admin-token"
 OOM = slow_input(-7.0)

@@ -22,8 +22,8 @@ from PIL import Image
 from service.config import Settings
 from service.main import create_app
 from service.runtime.executor import ModelExecutor
-from tests.conftest import ClientFactory, b64, sample_png, wait_settled
-from tests.reliability.live_server import slow_input, write_lenet, write_slow
+from tests.conftest import ClientFactory, b64, sample_png, wait_settled, write_lenet
+from tests.reliability.live_server import slow_input, write_slow
 
 KiB = 1024
 LIMITS: dict[str, Any] = {

@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 import service
 from service.config import Settings
 from service.main import create_app
-from tests.conftest import ClientFactory, b64, sample_png, wait_settled
-from tests.reliability.live_server import slow_input, write_lenet, write_slow
+from tests.conftest import ClientFactory, b64, sample_png, wait_settled, write_lenet
+from tests.reliability.live_server import slow_input, write_slow
 
 ADMIN = "correct-horse-battery-staple"
 SERVICE_DIR = Path(service.__file__).resolve().parent

@@ -26,7 +26,8 @@ import psutil
 import torch
 
 from service.zoo.lenet import load_lenet
-from tests.reliability.live_server import LiveServer, write_lenet
+from tests.conftest import write_lenet
+from tests.reliability.live_server import LiveServer
 
 CLIENTS = 16
 REQUESTS = 4000

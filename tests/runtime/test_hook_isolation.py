@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import shutil
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Sequence
@@ -26,7 +25,8 @@ from torch import Tensor, nn
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import labels_path, lenet_preprocess_spec, load_lenet, samples_dir, weights_path
+from service.zoo.lenet import lenet_preprocess_spec, load_lenet, samples_dir
+from tests.conftest import write_lenet
 
 HOOK_DICTS = (
     "_forward_hooks",
@@ -73,22 +73,7 @@ class Slow(nn.Module):
         return self.head(self.sleepy(self.lin(x)))
 """
 
-CONFIG = """
-[[models]]
-name = "lenet"
-source = "python"
-architecture = "service.zoo.lenet:LeNet"
-weights = "lenet_digits.pt"
-labels = "digits_labels.txt"
-input_size = [3, 32, 32]
-[models.preprocess]
-resize = 32
-crop = 32
-interpolation = "bilinear"
-mean = [0.3065, 0.3065, 0.3065]
-std = [0.3235, 0.3235, 0.3235]
-grayscale = true
-
+SLOW_TOML = """
 [[models]]
 name = "slow"
 source = "python"
@@ -101,10 +86,8 @@ max_batch_delay_ms = 2
 @asynccontextmanager
 async def serve(model_dir: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     """The app with its lifespan running, and a client on the same event loop."""
-    shutil.copy(weights_path(), model_dir / "lenet_digits.pt")
-    shutil.copy(labels_path(), model_dir / "digits_labels.txt")
     (model_dir / "slow.py").write_text(SLOW_PY)
-    (model_dir / "models.toml").write_text(CONFIG)
+    (model_dir / "models.toml").write_text(write_lenet(model_dir) + SLOW_TOML)
     settings = Settings(model_dir=model_dir, config=model_dir / "models.toml", worker_threads=2, decode_threads=2)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
