@@ -1,0 +1,286 @@
+"""Closed-loop HTTP load generator (asyncio + httpx), loopback only.
+
+`concurrency` clients each send the same prebuilt request back to back, one connection each,
+until `max_requests` are sent or `max_seconds` pass; a warm-up phase runs first. It reports
+requests/s, images/s, latency percentiles and its own CPU (it shares the cores it measures).
+
+CLI: python -m bench.loadgen --url http://127.0.0.1:8000/predict --image x.jpg -c 8 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import math
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from bench.machine import CpuMeter
+from bench.payloads import Payload, b64, json_payload, multipart_payload
+from bench.stats import latency_summary
+
+HARD_MAX_REQUESTS = 100_000
+HARD_MAX_SECONDS = 600.0
+
+
+def check_loopback(url: str) -> None:
+    """Allow only loopback targets (127.0.0.0/8, ::1, or 'localhost'); other names are not even resolved."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"refusing {url!r}: scheme {parts.scheme!r}")
+    host = parts.hostname
+    if host is None:
+        raise ValueError(f"refusing {url!r}: no host")
+    if host == "localhost":
+        addrs = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in socket.getaddrinfo(host, None)]
+    else:
+        try:
+            addrs = [ipaddress.ip_address(host)]
+        except ValueError:
+            raise ValueError(f"refusing {url!r}: {host!r} is not a loopback IP literal or 'localhost'") from None
+    for addr in addrs:
+        if not addr.is_loopback:
+            raise ValueError(f"refusing {url!r}: {addr} is not loopback")
+
+
+@dataclass
+class LoadResult:
+    """One measured point."""
+
+    name: str
+    concurrency: int
+    sent: int
+    ok: int
+    errors: dict[str, int]
+    wall_s: float
+    rps: float
+    images_per_s: float
+    lat_ms: dict[str, float]
+    loadgen_cores: float
+    loadgen_cpu_ms_per_req: float
+    machine_cores: float
+    server_cores: float
+    other_cores: float
+    response_bytes: int
+    sample: str = ""
+    first_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Phase:
+    """What one closed-loop phase saw."""
+
+    lat_ms: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    sample: bytes = b""
+    first_error: str = ""
+    response_bytes: int = 0
+
+
+async def run_phase(
+    client: httpx.AsyncClient, url: str, payload: Payload, *, concurrency: int, max_requests: int, max_seconds: float
+) -> Phase:
+    phase = Phase()
+    deadline = time.perf_counter() + max_seconds
+
+    async def one_client() -> None:
+        while phase.sent < max_requests and time.perf_counter() < deadline:
+            phase.sent += 1
+            t0 = time.perf_counter()
+            try:
+                response = await client.post(url, content=payload.content, headers=payload.headers)
+                elapsed = (time.perf_counter() - t0) * 1000.0
+            except httpx.HTTPError as exc:  # count and go on: a benchmark reports failures, it does not stop
+                key = type(exc).__name__
+                phase.errors[key] = phase.errors.get(key, 0) + 1
+                phase.first_error = phase.first_error or f"{key}: {exc}"
+                continue
+            if response.status_code == 200:
+                phase.lat_ms.append(elapsed)
+                if not phase.sample:
+                    phase.sample = response.content
+                    phase.response_bytes = len(response.content)
+            else:
+                key = f"HTTP {response.status_code}"
+                phase.errors[key] = phase.errors.get(key, 0) + 1
+                phase.first_error = phase.first_error or f"{key}: {response.text[:300]}"
+
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return phase
+
+
+def bounded(url: str, concurrency: int, max_requests: int, max_seconds: float) -> tuple[int, float]:
+    """Refuse non-loopback URLs and odd concurrency; clamp the budget to the hard caps."""
+    check_loopback(url)
+    if not 1 <= concurrency <= 256:
+        raise ValueError("concurrency must be 1..256")
+    return max(1, min(max_requests, HARD_MAX_REQUESTS)), min(max_seconds, HARD_MAX_SECONDS)
+
+
+def new_client(concurrency: int, timeout_s: float) -> httpx.AsyncClient:
+    """Keep-alive, one connection per client, and trust_env=False: never a proxy from the environment."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+
+
+async def measure_async(
+    base_url: str,
+    payload: Payload,
+    concurrency: int,
+    *,
+    max_requests: int = 2000,
+    max_seconds: float = 15.0,
+    warmup_requests: int | None = None,
+    warmup_seconds: float = 10.0,
+    server_pid: int | None = None,
+    timeout_s: float = 120.0,
+    counters: Callable[[], dict[str, float]] | None = None,
+) -> LoadResult:
+    """Warm up, then measure one closed-loop point against `base_url + payload.path`.
+
+    `counters` (e.g. the server's batch metrics) is read just before and after the measured
+    phase; the differences land in `LoadResult.extra`.
+    """
+    url = base_url.rstrip("/") + payload.path
+    max_requests, max_seconds = bounded(url, concurrency, max_requests, max_seconds)
+    warm = max(3, 2 * concurrency) if warmup_requests is None else min(warmup_requests, HARD_MAX_REQUESTS)
+    async with new_client(concurrency, timeout_s) as client:
+        if warm > 0:
+            await run_phase(
+                client,
+                url,
+                payload,
+                concurrency=concurrency,
+                max_requests=warm,
+                max_seconds=min(warmup_seconds, HARD_MAX_SECONDS),
+            )
+        before = counters() if counters is not None else {}
+        meter = CpuMeter([server_pid] if server_pid is not None else [])
+        meter.start()
+        phase = await run_phase(
+            client, url, payload, concurrency=concurrency, max_requests=max_requests, max_seconds=max_seconds
+        )
+        cpu = meter.stop()
+        after = counters() if counters is not None else {}
+    server = cpu.watched_cores.get(server_pid, float("nan")) if server_pid is not None else float("nan")
+    result = summarize(
+        payload,
+        concurrency,
+        phase,
+        wall_s=cpu.wall_s,
+        loadgen_cpu_s=cpu.self_cores * cpu.wall_s,
+        machine_cores=cpu.machine_cores,
+        server_cores=server,
+    )
+    result.extra = {k: after[k] - before[k] for k in after if k in before}
+    return result
+
+
+def summarize(
+    payload: Payload,
+    concurrency: int,
+    phase: Phase,
+    *,
+    wall_s: float,
+    loadgen_cpu_s: float,
+    machine_cores: float,
+    server_cores: float,
+) -> LoadResult:
+    """One point's numbers from what the clients saw and the CPU accounting of its window."""
+    ok = len(phase.lat_ms)
+    loadgen_cores = loadgen_cpu_s / wall_s
+    server_known = 0.0 if math.isnan(server_cores) else server_cores  # NaN when not watched
+    return LoadResult(
+        name=payload.name,
+        concurrency=concurrency,
+        sent=phase.sent,
+        ok=ok,
+        errors=phase.errors,
+        wall_s=wall_s,
+        rps=ok / wall_s,
+        images_per_s=ok * payload.images / wall_s,
+        lat_ms=latency_summary(phase.lat_ms),
+        loadgen_cores=loadgen_cores,
+        loadgen_cpu_ms_per_req=loadgen_cpu_s * 1000.0 / phase.sent if phase.sent else float("nan"),
+        machine_cores=machine_cores,
+        server_cores=server_cores,
+        other_cores=max(0.0, machine_cores - loadgen_cores - server_known),
+        response_bytes=phase.response_bytes,
+        sample=phase.sample[:200].decode("utf-8", "replace"),
+        first_error=phase.first_error,
+    )
+
+
+def measure(base_url: str, payload: Payload, concurrency: int, **kwargs: Any) -> LoadResult:
+    """Synchronous wrapper of `measure_async` (its own event loop)."""
+    return asyncio.run(measure_async(base_url, payload, concurrency, **kwargs))
+
+
+def format_result(r: LoadResult) -> str:
+    lm = r.lat_ms
+    errors = sum(r.errors.values())
+    return (
+        f"{r.name} c={r.concurrency:<3d} ok={r.ok:<5d} err={errors} img/s={r.images_per_s:7.2f} "
+        f"p50={lm['p50']:7.1f} p95={lm['p95']:7.1f} p99={lm['p99']:7.1f} ms  "
+        f"loadgen={r.loadgen_cores:.2f} cores ({r.loadgen_cpu_ms_per_req:.2f} ms CPU/req) "
+        f"server={r.server_cores:.2f} other={r.other_cores:.2f} busy={r.machine_cores:.2f}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", required=True, help="full endpoint URL on loopback, e.g. http://127.0.0.1:8000/predict")
+    ap.add_argument("--image", required=True, help="the image file each request carries")
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument(
+        "--form", choices=["multipart", "json"], default="multipart", help="multipart upload or base64 JSON"
+    )
+    ap.add_argument("-c", "--concurrency", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=2000, help="max measured requests")
+    ap.add_argument("--duration", type=float, default=15.0, help="max measured seconds")
+    ap.add_argument("--warmup-requests", type=int, default=None)
+    ap.add_argument("--server-pid", type=int, default=None, help="also report this process's CPU")
+    ap.add_argument("--json", default="", help="write the result here as JSON")
+    args = ap.parse_args(argv)
+    parts = urlsplit(args.url)
+    base, path = f"{parts.scheme}://{parts.netloc}", parts.path or "/"
+    with open(args.image, "rb") as f:
+        data = f.read()
+    if args.form == "multipart":
+        payload = multipart_payload("cli", path, {"model": args.model}, [("image", data, "application/octet-stream")])
+    else:
+        payload = json_payload("cli", path, {"model": args.model, "inputs": [{"image": b64(data)}]})
+    try:
+        result = measure(
+            base,
+            payload,
+            args.concurrency,
+            max_requests=args.requests,
+            max_seconds=args.duration,
+            warmup_requests=args.warmup_requests,
+            server_pid=args.server_pid,
+        )
+    except ValueError as exc:
+        sys.exit(str(exc))
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_dict(), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

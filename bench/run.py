@@ -1,0 +1,253 @@
+"""`make bench`: raw torch baselines, then hookserve over loopback in several thread configs; writes RESULTS.md.
+
+Every point waits for an idle machine first and records where the CPU went. The server is
+started here as `python -m service` and stopped by PID at the end, also on Ctrl-C.
+
+    python -m bench.run                  # the full run (about 13 minutes on 2 idle cores)
+    python -m bench.run --quick --out /tmp/try.md   # a few seconds per point, for trying
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import httpx
+
+from bench import gpu, raw_torch
+from bench.configs import SETUPS, Setup
+from bench.loadgen import LoadResult, format_result, measure
+from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
+from bench.payloads import Payload
+from bench.report import batches, comparison_table, evaluate_targets, render_markdown, targets_table
+from bench.server import Server, free_port
+from bench.workload import (
+    LABELS,
+    Inputs,
+    Kind,
+    baseline,
+    build_payloads,
+    make_inputs,
+)
+
+HERE = Path(__file__).resolve().parent
+R = TypeVar("R", LoadResult, raw_torch.RawResult)
+
+# key: (model, mode, batch, torch threads); the limit row (two single-thread processes) is run apart.
+# `-thread` rows run on a fresh thread that sets its own torch thread count, as the service's executors do.
+RAW_ROWS: dict[str, tuple[str, str, int, int]] = {
+    "forward-b1-t2": ("resnet18", "forward", 1, 2),
+    "forward-b1-t2-thread": ("resnet18", "forward", 1, 2),
+    "forward-b8-t2": ("resnet18", "forward", 8, 2),
+    "e2e-b1-t2": ("resnet18", "e2e", 1, 2),
+    "e2e-b8-t2": ("resnet18", "e2e", 8, 2),
+    "forward-b1-t1": ("resnet18", "forward", 1, 1),
+    "e2e-b1-t1": ("resnet18", "e2e", 1, 1),
+    "lenet-forward-b1-t1": ("lenet", "forward", 1, 1),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how carefully each point is measured."""
+
+    duration_s: float
+    raw_s: float
+    max_requests: int
+    idle_wait_s: float
+    retries: int
+    ig_requests: int
+
+
+def log(msg: str) -> None:
+    print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def quietest(run: Callable[[], R], plan: Plan, describe: Callable[[R], str]) -> tuple[R, int]:
+    """Wait for an idle machine, run; redo while others used more than NOISY_CORES; keep the quietest."""
+    best: tuple[R, int] | None = None
+    for attempt in range(1, plan.retries + 2):
+        wait_idle(plan.idle_wait_s, log=log)
+        result = run()
+        log(describe(result))
+        if best is None or result.other_cores < best[0].other_cores:
+            best = (result, attempt)
+        if result.other_cores <= NOISY_CORES:
+            break
+        if attempt <= plan.retries:
+            log(f"  other processes used {result.other_cores:.2f} cores meanwhile; redoing the point")
+    assert best is not None  # the loop runs at least once
+    return best
+
+
+def run_raw(plan: Plan, jpeg: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def describe(r: raw_torch.RawResult) -> str:
+        return f"{r.name}: {r.images_per_s:.1f} images/s, batch p50 {r.lat_ms['p50']:.1f} ms, other {r.other_cores:.2f}"
+
+    for key, (arch, mode, batch, threads) in RAW_ROWS.items():
+        run = partial(
+            raw_torch.run_raw,
+            arch,
+            mode,
+            batch=batch,
+            threads=threads,
+            jpeg=jpeg,
+            seconds=plan.raw_s / 2 if arch == "lenet" else plan.raw_s,
+            on_thread=key.endswith("-thread"),
+        )
+        result, _ = quietest(run, plan, describe)
+        out[key] = result.to_dict()
+    result, _ = quietest(lambda: raw_torch.run_limit("resnet18", 8, plan.raw_s, 2), plan, describe)
+    out["limit-b8"] = result.to_dict()
+    return out
+
+
+def batch_text(r: LoadResult) -> str:
+    count, mean = batches(r.extra)
+    return f" batches={count} mean batch={mean:.2f}" if count else ""
+
+
+def conv_layers(url: str, model: str = "resnet18") -> list[str]:
+    with httpx.Client(timeout=60.0, trust_env=False) as client:
+        response = client.get(f"{url}/models/{model}/layers")
+        response.raise_for_status()
+        return [layer["name"] for layer in response.json()["layers"] if layer["type"] == "Conv2d"]
+
+
+def measure_config(setup: Setup, plan: Plan, port: int, workdir: Path, inputs: Inputs) -> list[dict[str, Any]]:
+    cfg = setup.config
+    points: list[dict[str, Any]] = []
+    log(f"starting hookserve ({cfg.name}: {cfg.description}) on port {port}")
+    with Server(cfg, port, workdir) as server:
+        payloads = build_payloads(inputs, conv_layers(server.url))
+        for kind, clients in setup.points:
+            payload: Payload = payloads[kind]
+            ig = kind is Kind.SALIENCY_IG
+            budget = plan.ig_requests if ig else plan.max_requests
+            warmup = 1 if ig else None
+
+            def run(
+                payload: Payload = payload, clients: int = clients, budget: int = budget, warmup: int | None = warmup
+            ) -> LoadResult:
+                return measure(
+                    server.url,
+                    payload,
+                    clients,
+                    max_requests=budget,
+                    max_seconds=plan.duration_s,
+                    warmup_requests=warmup,
+                    server_pid=server.pid,
+                    counters=server.batch_counters,
+                )
+
+            result, attempt = quietest(run, plan, lambda r: f"  {cfg.name}: {format_result(r)}{batch_text(r)}")
+            if result.ok == 0:
+                log(f"  no request succeeded: {result.first_error}")
+            points.append(
+                {
+                    "config": cfg.name,
+                    "kind": kind.value,
+                    "label": LABELS[kind],
+                    "concurrency": clients,
+                    "baseline": baseline(kind, clients, cfg.torch_threads),
+                    "attempt": attempt,
+                    "result": result.to_dict(),
+                }
+            )
+            if server.proc is None or server.proc.poll() is not None:
+                raise RuntimeError(f"the server died during {kind.value}:\n{server.log_tail()}")
+    return points
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--duration", type=float, default=15.0, help="max measured seconds per point (default 15)")
+    ap.add_argument("--requests", type=int, default=5000, help="max measured requests per point (default 5000)")
+    ap.add_argument("--raw-duration", type=float, default=10.0, help="seconds per raw torch row (default 10)")
+    ap.add_argument("--quick", action="store_true", help="3 s per point, no retries: for trying, not for RESULTS.md")
+    ap.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
+    ap.add_argument("--skip-raw", action="store_true", help="no raw torch rows (ratios become n/a)")
+    ap.add_argument("--configs", nargs="+", default=list(SETUPS), choices=list(SETUPS), help="server configs to run")
+    ap.add_argument("--retries", type=int, default=2, help="redo a point this often when others used the CPU")
+    ap.add_argument("--idle-wait", type=float, default=120.0, help="max seconds to wait for an idle machine")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="markdown report (default bench/RESULTS.md; none with --quick)"
+    )
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON here")
+    ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.duration, args.raw_duration, args.retries = min(args.duration, 3.0), min(args.raw_duration, 3.0), 0
+        args.idle_wait = min(args.idle_wait, 10.0)
+    if args.out is None and not args.quick:
+        args.out = HERE / ("RESULTS_GPU.md" if args.gpu else "RESULTS.md")
+    return args
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the server by PID on `kill` too
+    if args.gpu:
+        return gpu.main(args, log)
+    plan = Plan(args.duration, args.raw_duration, args.requests, args.idle_wait, args.retries, 1 if args.quick else 5)
+    inputs = make_inputs()
+    setups = [SETUPS[name] for name in args.configs]
+    results: dict[str, Any] = {
+        "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "input": inputs.describe(),
+        "load": (
+            f"closed loop, httpx AsyncClient in the benchmark process, keep-alive, one connection per client; each "
+            f"point min({plan.duration_s:g} s, {plan.max_requests} requests; integrated gradients "
+            f"{plan.ig_requests}) after a warm-up of 2 x clients requests; before each point a wait for an idle "
+            f"machine (< 0.10 cores busy over 2 s, at most {plan.idle_wait_s:g} s); raw rows {plan.raw_s:g} s each"
+        ),
+        "configs": {s.config.name: {"description": s.config.description, "env": s.config.env} for s in setups},
+        "raw": {},
+        "points": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="hookserve-bench-") as tmp:
+        if not args.skip_raw:
+            log("raw torch rows (no server running)")
+            results["raw"] = run_raw(plan, inputs.jpeg)
+        for setup in setups:
+            results["points"] += measure_config(setup, plan, args.port or free_port(), Path(tmp), inputs)
+    results["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    print()
+    print(comparison_table(results))
+    print()
+    print(targets_table(evaluate_targets(results)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.out is not None:
+        args.out.write_text(render_markdown(results))
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; the server was stopped", file=sys.stderr)
+        sys.exit(130)
