@@ -23,6 +23,7 @@ from service.config import Settings
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.registry.registry import Registry
 from service.registry.spec import load_specs
+from service.runtime.threads import pin_torch_threads
 
 log = logging.getLogger("hookserve")
 
@@ -41,7 +42,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry = Registry(settings, on_batch=batch_observer(app))
-        pool = ThreadPoolExecutor(max_workers=max(1, settings.decode_threads), thread_name_prefix="hookserve-decode")
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, settings.decode_threads),
+            thread_name_prefix="hookserve-decode",
+            initializer=pin_torch_threads,  # only the wide runner may use several torch threads
+            initargs=(1,),
+        )
         state = AppState(settings=settings, registry=registry, decode_pool=pool)
         app.state.hookserve = state
         if settings.config is not None:

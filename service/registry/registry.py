@@ -16,7 +16,7 @@ from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
 from service.registry.spec import ModelSpec
 from service.runtime.executor import BatchObserver, ExecutorConfig, ModelExecutor, release_device_memory
-from service.runtime.threads import ThreadBudget
+from service.runtime.threads import ThreadBudget, pin_torch_threads
 
 log = logging.getLogger("hookserve.registry")
 
@@ -45,7 +45,9 @@ class Registry:
     def __init__(self, settings: Settings, on_batch: BatchObserver | None = None) -> None:
         self.settings = settings
         self._entries: dict[str, Entry] = {}
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookserve-loader")
+        self._loader = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="hookserve-loader", initializer=pin_torch_threads, initargs=(1,)
+        )
         self._on_batch = on_batch
         self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
 
@@ -139,3 +141,4 @@ class Registry:
         for device in devices:
             await asyncio.get_running_loop().run_in_executor(None, release_device_memory, device)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self.budget.close()

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +26,7 @@ from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
 from service.runtime.jobs import Job, JobKind, JobQueue
 from service.runtime.rwlock import ReadWriteLock
-from service.runtime.threads import ThreadBudget
+from service.runtime.threads import ThreadBudget, pin_torch_threads
 
 T = TypeVar("T")
 log = logging.getLogger("hookserve.executor")
@@ -64,7 +63,7 @@ class ModelExecutor:
         budget: ThreadBudget | None = None,
     ) -> None:
         self.model = model
-        self._budget = budget or ThreadBudget(config.threads * config.torch_threads, config.torch_threads)
+        self._budget = budget or ThreadBudget(config.threads, 1)  # standalone: one thread per job
         self._uses_cpu_threads = model.device.type == "cpu"
         self.config = config
         self.stats = ExecutorStats()
@@ -147,12 +146,12 @@ class ModelExecutor:
     def _alone(self) -> bool:
         return len(self._queue) == 0 and self._lock.readers == 0 and not self._lock.writer_active
 
-    def _cpu_threads(self) -> AbstractContextManager[int]:
-        """CPU models draw intra-op threads from the process budget; GPU models need one driver thread."""
-        return self._budget.threads(self._alone) if self._uses_cpu_threads else nullcontext(1)
+    def _call(self, fn: Callable[[], T]) -> T:
+        """CPU models run within the process's thread budget; GPU models need just this driver thread."""
+        return self._budget.run(fn, self._alone) if self._uses_cpu_threads else fn()
 
     def _work(self) -> None:
-        torch.set_num_threads(1)
+        pin_torch_threads(1)
         while (job := self._queue.take()) is not None:
             if job.kind is JobKind.predict:
                 delay = self.config.max_batch_delay_ms / 1000.0
@@ -165,8 +164,9 @@ class ModelExecutor:
 
     def _run_predict(self, jobs: list[Job]) -> None:
         try:
-            with self._cpu_threads(), self._lock.shared():
-                outputs = run_batch(self.model, [j.inputs for j in jobs if j.inputs is not None])
+            inputs = [j.inputs for j in jobs if j.inputs is not None]
+            with self._lock.shared():
+                outputs = self._call(lambda: run_batch(self.model, inputs))
         except BaseException as exc:  # every waiter must hear about the failure
             error = _domain_error(exc, self.model)
             for job in jobs:
@@ -186,8 +186,8 @@ class ModelExecutor:
         assert job.fn is not None  # exclusive and shared jobs always carry a function
         lock = self._lock.exclusive() if job.kind is JobKind.exclusive else self._lock.shared()
         try:
-            with self._cpu_threads(), lock:
-                result = job.fn()
+            with lock:
+                result = self._call(job.fn)
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
             return
