@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -144,11 +145,20 @@ class ModelExecutor:
         return self._incoming > 0
 
     def _alone(self) -> bool:
-        return len(self._queue) == 0 and self._lock.readers == 0 and not self._lock.writer_active
+        """Nothing else queued, running, or being decoded for this model: a job may use every core."""
+        return (
+            len(self._queue) == 0 and self._incoming == 0 and self._lock.readers == 0 and not self._lock.writer_active
+        )
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        """CPU models run within the process's thread budget; GPU models need just this driver thread."""
-        return self._budget.run(fn, self._alone) if self._uses_cpu_threads else fn()
+    def _call(self, fn: Callable[[], T], lock: Callable[[], AbstractContextManager[None]]) -> T:
+        """Run `fn` holding `lock`; CPU models within the process's thread budget (taken first, so a
+        job can tell whether it runs alone), GPU models on this driver thread."""
+
+        def locked() -> T:
+            with lock():
+                return fn()
+
+        return self._budget.run(locked, self._alone) if self._uses_cpu_threads else locked()
 
     def _work(self) -> None:
         pin_torch_threads(1)
@@ -165,8 +175,7 @@ class ModelExecutor:
     def _run_predict(self, jobs: list[Job]) -> None:
         try:
             inputs = [j.inputs for j in jobs if j.inputs is not None]
-            with self._lock.shared():
-                outputs = self._call(lambda: run_batch(self.model, inputs))
+            outputs = self._call(lambda: run_batch(self.model, inputs), self._lock.shared)
         except BaseException as exc:  # every waiter must hear about the failure
             error = _domain_error(exc, self.model)
             for job in jobs:
@@ -184,10 +193,9 @@ class ModelExecutor:
 
     def _run_function(self, job: Job) -> None:
         assert job.fn is not None  # exclusive and shared jobs always carry a function
-        lock = self._lock.exclusive() if job.kind is JobKind.exclusive else self._lock.shared()
+        lock = self._lock.exclusive if job.kind is JobKind.exclusive else self._lock.shared
         try:
-            with lock:
-                result = self._call(job.fn)
+            result = self._call(job.fn, lock)
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
             return
