@@ -106,3 +106,20 @@ mean = {LENET_MEAN}
 std = {LENET_STD}
 grayscale = true
 """
+
+
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def assert_no_module_hooks(model: torch.nn.Module) -> None:
+    """Every hook dict of every submodule is empty (what `INFO.hooks == 0` promises)."""
+    for name, module in model.named_modules():
+        for attr in HOOK_DICTS:
+            assert not getattr(module, attr), f"{name!r}.{attr} still holds hooks"

@@ -28,16 +28,14 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import lenet_preprocess_spec, load_lenet
-from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled, write_lenet
-
-HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks_always_called",
+from tests.conftest import (
+    ClientFactory,
+    assert_no_module_hooks,
+    b64,
+    sample_png,
+    tensor_input,
+    wait_settled,
+    write_lenet,
 )
 
 # A python model (file.py:Class under the model dir): a layer returning a tuple, one taking two
@@ -103,9 +101,7 @@ def served(client: TestClient, name: str) -> nn.Module:
 
 def assert_no_hooks(client: TestClient, name: str) -> None:
     assert client.get(f"/models/{name}").json()["hooks"] == 0
-    for sub_name, module in served(client, name).named_modules():
-        for attr in HOOK_DICTS:
-            assert not getattr(module, attr), f"{sub_name!r}.{attr} still holds hooks"
+    assert_no_module_hooks(served(client, name))
 
 
 def lenet_pixels(label: int) -> Tensor:

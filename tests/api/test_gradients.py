@@ -17,12 +17,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load as safetensors_load
 from torch import Tensor
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LeNet, lenet_preprocess_spec, weights_path
+from service.zoo.lenet import LeNet, lenet_preprocess_spec
 from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled, write_lenet
 
 PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -35,20 +35,6 @@ def _config(root: Path) -> str:
         + write_lenet(root, name="pets", labels="pets.txt")
         + '[[models]]\nname = "resnet18"\nsource = "torchvision"\narchitecture = "resnet18"\nweights = "r18.pt"\n'
     )
-
-
-@pytest.fixture(scope="module")
-def r18() -> ResNet:
-    """The seeded resnet18 whose weights the server loads."""
-    torch.manual_seed(0)
-    return resnet18(weights=None).eval()
-
-
-@pytest.fixture(scope="module")
-def lenet() -> LeNet:
-    model = LeNet()
-    model.load_state_dict(torch.load(weights_path(), weights_only=True)["model_state_dict"])
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

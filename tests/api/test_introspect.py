@@ -20,9 +20,7 @@ from safetensors.torch import load as safetensors_load
 from torch import nn
 
 from service.zoo.lenet import LeNet, load_lenet, weights_path
-from tests.conftest import ClientFactory
-
-HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+from tests.conftest import ClientFactory, assert_no_module_hooks
 
 TINY_PY = """
 from torch import nn
@@ -237,7 +235,7 @@ def test_summary_equals_torchinfo(
     assert info["hooks"] == 0
     assert builtin_client.get(f"/models/{name}").json()["hooks"] == 0
     assert not any(module.training for module in model.modules())
-    assert not any(getattr(module, attr) for module in model.modules() for attr in HOOK_DICTS)
+    assert_no_module_hooks(model)
 
 
 def test_summary_is_cached_and_leaves_weights_alone(builtin_client: TestClient) -> None:

@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 
 from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, lenet_preprocess_spec, weights_path
+from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, lenet_preprocess_spec
 from tests.conftest import b64, sample_png, tensor_input, wait_settled, write_lenet
 
 METHODS = ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
@@ -70,19 +70,6 @@ architecture = "probe.py:Probe"
 input_size = [3, 8, 8]
 """
     )
-
-
-@pytest.fixture(scope="module")
-def r18() -> ResNet:
-    torch.manual_seed(0)
-    return resnet18(weights=None).eval()
-
-
-@pytest.fixture(scope="module")
-def lenet() -> LeNet:
-    model = LeNet()
-    model.load_state_dict(torch.load(weights_path(), weights_only=True)["model_state_dict"])
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

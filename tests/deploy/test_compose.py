@@ -12,9 +12,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from jsonschema import Draft201909Validator  # type: ignore[import-untyped]
 from service.api.observability import install_observability
 from service.config import Settings
 from service.main import create_app
+from tests.deploy.conftest import HealthStub
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -146,28 +145,6 @@ def test_prometheus_scrapes_the_metrics_route() -> None:
         assert services()[name]["ports"][0].split(":")[1] == port
 
 
-class _Stub(BaseHTTPRequestHandler):
-    status = 200
-
-    def do_GET(self) -> None:
-        self.send_response(self.status if self.path == "/healthz" else 404)
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def stub_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
 def test_healthcheck_probes_healthz(stub_server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("hookserve", "hookserve-gpu"):
         test = services()[name]["healthcheck"]["test"]
@@ -178,7 +155,7 @@ def test_healthcheck_probes_healthz(stub_server: ThreadingHTTPServer, monkeypatc
         def probe(code: str = code) -> int:
             return subprocess.run([sys.executable, "-c", code], capture_output=True, check=False).returncode
 
-        monkeypatch.setattr(_Stub, "status", 200)
+        monkeypatch.setattr(HealthStub, "status", 200)
         assert probe() == 0
-        monkeypatch.setattr(_Stub, "status", 503)
+        monkeypatch.setattr(HealthStub, "status", 503)
         assert probe() != 0

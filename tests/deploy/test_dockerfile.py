@@ -10,16 +10,15 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import tomllib
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from service.config import Settings
 from service.main import create_app
+from tests.deploy.conftest import HealthStub
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -162,28 +161,6 @@ def test_copied_paths_exist_and_are_in_the_build_context() -> None:
     assert json.loads(args_of("CMD")[0]) == ["python", "-m", "service"]
 
 
-class _Stub(BaseHTTPRequestHandler):
-    status = 200
-
-    def do_GET(self) -> None:
-        self.send_response(self.status if self.path == "/healthz" else 404)
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def stub_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
 def test_healthcheck_probes_healthz(stub_server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     (healthcheck,) = args_of("HEALTHCHECK")
     options, _, command = healthcheck.partition("CMD ")
@@ -196,6 +173,6 @@ def test_healthcheck_probes_healthz(stub_server: ThreadingHTTPServer, monkeypatc
         return subprocess.run([sys.executable, "-c", argv[2]], env=environ, capture_output=True, check=False).returncode
 
     assert probe() == 0
-    monkeypatch.setattr(_Stub, "status", 503)
+    monkeypatch.setattr(HealthStub, "status", 503)
     assert probe() != 0
     assert "/healthz" in create_app(Settings()).openapi()["paths"]

@@ -26,16 +26,7 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import lenet_preprocess_spec, load_lenet, samples_dir
-from tests.conftest import write_lenet
-
-HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_pre_hooks",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_pre_hooks_with_kwargs",
-)
+from tests.conftest import assert_no_module_hooks, write_lenet
 
 # A python model that sleeps inside a layer (so jobs overlap in time) and records, at every
 # forward, how many hooks its modules hold and the first feature of each row (a request tag).
@@ -107,9 +98,7 @@ def served(app: FastAPI, name: str) -> nn.Module:
 
 async def assert_no_hooks(app: FastAPI, client: httpx.AsyncClient, name: str) -> None:
     assert (await client.get(f"/models/{name}")).json()["hooks"] == 0
-    for sub_name, module in served(app, name).named_modules():
-        for attr in HOOK_DICTS:
-            assert not getattr(module, attr), f"{sub_name!r}.{attr} still holds hooks"
+    assert_no_module_hooks(served(app, name))
 
 
 def direct(model: nn.Module, names: Sequence[str], x: Tensor, capture: str) -> dict[str, dict[str, Tensor]]:

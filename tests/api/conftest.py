@@ -1,0 +1,24 @@
+"""Reference models the API tests compare the server's answers with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.models import ResNet, resnet18
+
+from service.zoo.lenet import LeNet, weights_path
+
+
+@pytest.fixture(scope="module")
+def r18() -> ResNet:
+    """A seeded resnet18; tests save its weights for the server to load."""
+    torch.manual_seed(0)
+    return resnet18(weights=None).eval()
+
+
+@pytest.fixture(scope="module")
+def lenet() -> LeNet:
+    """The shipped digits LeNet, as the server loads it."""
+    model = LeNet()
+    model.load_state_dict(torch.load(weights_path(), weights_only=True)["model_state_dict"])
+    return model.eval()
