@@ -123,3 +123,17 @@ def assert_no_module_hooks(model: torch.nn.Module) -> None:
     for name, module in model.named_modules():
         for attr in HOOK_DICTS:
             assert not getattr(module, attr), f"{name!r}.{attr} still holds hooks"
+
+
+def as_tensor(payload: dict[str, Any]) -> torch.Tensor:
+    """A JSON tensor of an answer back into a float32 tensor, checking its declared shape and dtype."""
+    assert payload["dtype"] == "float32"
+    t = torch.tensor(payload["data"], dtype=torch.float32)
+    assert list(t.shape) == payload["shape"]
+    return t
+
+
+def hooks(client: TestClient, name: str) -> int:
+    """The hook count `GET /models/{name}` reports."""
+    count: int = client.get(f"/models/{name}").json()["hooks"]
+    return count

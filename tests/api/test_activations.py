@@ -30,6 +30,7 @@ from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import lenet_preprocess_spec, load_lenet
 from tests.conftest import (
     ClientFactory,
+    as_tensor,
     assert_no_module_hooks,
     b64,
     sample_png,
@@ -151,13 +152,6 @@ def direct(model: nn.Module, names: Sequence[str], x: Tensor, capture: str = "ou
         for handle in handles:
             handle.remove()
     return out
-
-
-def as_tensor(payload: dict[str, Any]) -> Tensor:
-    assert payload["dtype"] == "float32"
-    t = torch.tensor(payload["data"], dtype=torch.float32)
-    assert list(t.shape) == payload["shape"]
-    return t
 
 
 def assert_same(got: dict[str, dict[str, Any]], want: dict[str, dict[str, Tensor]]) -> None:

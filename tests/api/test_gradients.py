@@ -23,7 +23,7 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import LeNet, lenet_preprocess_spec
-from tests.conftest import ClientFactory, b64, sample_png, tensor_input, wait_settled, write_lenet
+from tests.conftest import ClientFactory, as_tensor, b64, hooks, sample_png, tensor_input, wait_settled, write_lenet
 
 PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -89,23 +89,11 @@ def expected(
     return chosen, scores.tolist(), dict(zip([*keys, "input"], grads, strict=True))
 
 
-def as_tensor(obj: dict[str, Any]) -> Tensor:
-    assert obj["dtype"] == "float32"
-    t = torch.tensor(obj["data"], dtype=torch.float32)
-    assert list(t.shape) == obj["shape"]
-    return t
-
-
 def post(client: TestClient, **body: Any) -> dict[str, Any]:
     response = client.post("/gradients", json=body)
     assert response.status_code == 200, response.text[:500]
     out: dict[str, Any] = response.json()
     return out
-
-
-def hooks(client: TestClient, model: str) -> int:
-    count: int = client.get(f"/models/{model}").json()["hooks"]
-    return count
 
 
 def check_grads(got: dict[str, Any], want: dict[str, Tensor], scale_rtol: float = 1e-4) -> None:

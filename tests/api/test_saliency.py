@@ -24,7 +24,7 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, lenet_preprocess_spec
-from tests.conftest import b64, sample_png, tensor_input, wait_settled, write_lenet
+from tests.conftest import as_tensor, b64, hooks, sample_png, tensor_input, wait_settled, write_lenet
 
 METHODS = ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
 IG_LIMIT, SG_LIMIT, IG_BATCH = 300, 40, 16
@@ -100,23 +100,11 @@ def digit(label: int) -> Tensor:
     return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
 
 
-def as_tensor(obj: dict[str, Any]) -> Tensor:
-    assert obj["dtype"] == "float32"
-    t = torch.tensor(obj["data"], dtype=torch.float32)
-    assert list(t.shape) == obj["shape"]
-    return t
-
-
 def saliency(client: TestClient, **body: Any) -> dict[str, Any]:
     response = client.post("/saliency", json=body)
     assert response.status_code == 200, response.text[:500]
     out: dict[str, Any] = response.json()
     return out
-
-
-def hooks(client: TestClient, model: str) -> int:
-    count: int = client.get(f"/models/{model}").json()["hooks"]
-    return count
 
 
 def last_conv(model: nn.Module) -> nn.Module:

@@ -22,7 +22,7 @@ from PIL import Image
 from service.config import Settings
 from service.main import create_app
 from service.runtime.executor import ModelExecutor
-from tests.conftest import ClientFactory, b64, sample_png, wait_settled, write_lenet
+from tests.conftest import ClientFactory, b64, hooks, sample_png, wait_settled, write_lenet
 from tests.reliability.live_server import slow_input, write_slow
 
 KiB = 1024
@@ -62,11 +62,6 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 def executor_of(client: TestClient, name: str) -> ModelExecutor:
     return client.app.state.hookserve.registry.ready(name)[1]  # type: ignore[attr-defined,no-any-return]
-
-
-def hooks(client: TestClient, name: str) -> int:
-    count: int = client.get(f"/models/{name}").json()["hooks"]
-    return count
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
