@@ -7,13 +7,15 @@ box, so every point records who used the CPU during its window (psutil, /proc/st
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
 import platform
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 import psutil
 
@@ -140,3 +142,40 @@ def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "absent"
     return out
+
+
+def run_side_by_side(
+    target: Callable[..., None],
+    calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
+    *,
+    watch: Sequence[int] | None,
+    start_timeout: float,
+    result_timeout: float,
+) -> tuple[list[Any], CpuWindow]:
+    """Run `target(*args, **kwargs, barrier=, out=)` once per call in spawned processes, released together.
+
+    Each process puts one result on `out`; the CPU of `watch` (default: the processes themselves)
+    is measured from the release to the last result. Every process is joined, or terminated.
+    """
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(calls) + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=target, args=args, kwargs={**kwargs, "barrier": barrier, "out": out})
+        for args, kwargs in calls
+    ]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=start_timeout)
+        meter = CpuMeter(list(watch) if watch is not None else [p.pid for p in procs if p.pid is not None])
+        meter.start()
+        results = [out.get(timeout=result_timeout) for _ in procs]
+        cpu = meter.stop()
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return results, cpu

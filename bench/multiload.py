@@ -7,12 +7,11 @@ a GPU server needs more. Each process warms up its own connections, then all sta
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import time
 from typing import Any
 
 from bench.loadgen import LoadResult, Phase, bounded, new_client, run_phase, summarize
-from bench.machine import CpuMeter
+from bench.machine import run_side_by_side
 from bench.payloads import Payload
 
 
@@ -49,32 +48,15 @@ def measure_processes(
     max_requests, max_seconds = bounded(url, concurrency, max_requests, max_seconds)
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(processes + 1)
-    out = ctx.Queue()
     budget = max(1, max_requests // processes)
-    procs = [
-        ctx.Process(
-            target=_client_process,
-            args=(url, payload),
-            kwargs={"clients": n, "max_requests": budget, "max_seconds": max_seconds, "barrier": barrier, "out": out},
-        )
-        for n in shares
-    ]
-    for p in procs:
-        p.start()
-    try:
-        barrier.wait(timeout=120)
-        meter = CpuMeter([server_pid] if server_pid is not None else [])
-        meter.start()
-        parts: list[tuple[Phase, float, float]] = [out.get(timeout=max_seconds + 180) for _ in procs]
-        cpu = meter.stop()
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+    kwargs = {"max_requests": budget, "max_seconds": max_seconds}
+    parts, cpu = run_side_by_side(
+        _client_process,
+        [((url, payload), {"clients": n, **kwargs}) for n in shares],
+        watch=[server_pid] if server_pid is not None else [],
+        start_timeout=120,
+        result_timeout=max_seconds + 180,
+    )
     merged = Phase()
     for phase, _, _ in parts:
         merged.lat_ms += phase.lat_ms

@@ -9,7 +9,6 @@ for the model when every core works on it.
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-from bench.machine import CpuMeter
+from bench.machine import CpuMeter, run_side_by_side
 from bench.stats import latency_summary
 from service.registry.preprocess import preprocess_image
 from service.registry.spec import PreprocessSpec
@@ -182,7 +181,7 @@ def run_raw(
         return timed(name, fn, mode=mode, batch=batch, warmup=warmup, max_iters=100_000, max_seconds=seconds)
 
 
-def _limit_worker(arch: str, batch: int, seconds: float, barrier: Any, results: Any) -> None:
+def _limit_worker(arch: str, batch: int, seconds: float, *, barrier: Any, out: Any) -> None:
     torch.set_num_threads(1)
     model = build_model(arch)
     fn = forward_fn(model, batch)
@@ -195,29 +194,18 @@ def _limit_worker(arch: str, batch: int, seconds: float, barrier: Any, results: 
     while time.perf_counter() - t0 < seconds:
         fn()
         n += 1
-    results.put((n * batch, time.perf_counter() - t0, time.process_time() - cpu0))
+    out.put((n * batch, time.perf_counter() - t0, time.process_time() - cpu0))
 
 
 def run_limit(arch: str = "resnet18", batch: int = 8, seconds: float = 10.0, processes: int = 2) -> RawResult:
     """`processes` single-thread forward-only processes side by side; images/s is their sum."""
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(processes + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_limit_worker, args=(arch, batch, seconds, barrier, results)) for _ in range(processes)]
-    for p in procs:
-        p.start()
-    try:
-        barrier.wait(timeout=300)
-        meter = CpuMeter([p.pid for p in procs if p.pid is not None])
-        meter.start()
-        parts = [results.get(timeout=seconds + 300) for _ in procs]
-        cpu = meter.stop()
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+    parts, cpu = run_side_by_side(
+        _limit_worker,
+        [((arch, batch, seconds), {}) for _ in range(processes)],
+        watch=None,
+        start_timeout=300,
+        result_timeout=seconds + 300,
+    )
     rate = sum(images / wall for images, wall, _ in parts)
     workers = sum(c for _, _, c in parts) / max(w for _, w, _ in parts)
     return RawResult(
