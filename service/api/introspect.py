@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 
 from service.api.openapi import error_responses
-from service.api.responses import OCTET, json_response
+from service.api.responses import OCTET, check_binary_size, json_response
 from service.api.state import StateDep
 from service.codecs.binary import npy_bytes, safetensors_bytes
 from service.errors import InvalidField, NotFound
@@ -107,6 +107,7 @@ async def state_dict(
     model, executor = state.registry.ready(name)
     if key is not None:
         tensor = await executor.run_shared(lambda: get_tensor(model.module, key))
+        check_binary_size({key: tensor}, state.settings)
         if format is TensorFileFormat.safetensors:
             body = safetensors_bytes({key: tensor}, {"model": name, "key": key})
         else:

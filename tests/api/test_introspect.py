@@ -7,6 +7,7 @@ import json
 import math
 import re
 import struct
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from safetensors.torch import load as safetensors_load
 from torch import nn
 
 from service.zoo.lenet import LeNet, load_lenet, weights_path
-from tests.conftest import ClientFactory, assert_no_module_hooks
+from tests.conftest import ClientFactory, assert_no_module_hooks, write_lenet
 
 TINY_PY = """
 from torch import nn
@@ -454,3 +455,12 @@ def test_optimizer_404_without_one(builtin_client: TestClient, tiny_client: Test
         response = client.get(f"/models/{name}/optimizer")
         assert response.status_code == 404
         assert isinstance(response.json()["detail"], str)
+
+
+def test_single_tensor_download_respects_the_binary_limit(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = make_client(write_lenet(tmp_path), max_binary_response_bytes=1000)
+    small = client.get("/models/lenet/state-dict", params={"key": "conv1.bias", "format": "npy"})
+    assert small.status_code == 200
+    big = client.get("/models/lenet/state-dict", params={"key": "fc1.weight", "format": "safetensors"})
+    assert big.status_code == 413
+    assert "max_binary_response_bytes" in big.json()["detail"]
