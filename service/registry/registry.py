@@ -27,6 +27,14 @@ class Status(StrEnum):
     failed = "failed"
 
 
+@dataclass(frozen=True)
+class Retired:
+    """What a removed model was: enough to load it again."""
+
+    spec: ModelSpec
+    root: Path | None
+
+
 @dataclass
 class Entry:
     spec: ModelSpec
@@ -49,6 +57,7 @@ class Registry:
             max_workers=1, thread_name_prefix="hookserve-loader", initializer=pin_torch_threads, initargs=(1,)
         )
         self._on_batch = on_batch
+        self.retired: dict[str, Retired] = {}  # removed models, so a repository load can bring them back
         self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
 
     def __contains__(self, name: str) -> bool:
@@ -77,6 +86,7 @@ class Registry:
             raise Conflict(f"model {spec.name!r} already exists ({existing.status}); DELETE it first")
         entry = Entry(spec, root=root)
         self._entries[spec.name] = entry
+        self.retired.pop(spec.name, None)
         loop = asyncio.get_running_loop()
         entry.task = asyncio.ensure_future(self._load(entry, loop))
         return entry
@@ -121,6 +131,7 @@ class Registry:
         """
         entry = self.entry(name)
         del self._entries[name]
+        self.retired[name] = Retired(entry.spec, entry.root)
         if entry.task is not None and not entry.task.done():
             await asyncio.gather(entry.task, return_exceptions=True)
         executor, model = entry.executor, entry.model

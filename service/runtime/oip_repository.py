@@ -1,17 +1,15 @@
 """The Open Inference Protocol repository extension over the registry: index, load, unload.
 
-Unloading forgets a model's executor and memory but remembers its spec (per registry), so a
-later load brings the same model back, as Triton's repository does.
+Unloading (here or with DELETE /models/{name}) forgets a model's executor and memory; the
+registry remembers its spec, so a later load brings the same model back, as Triton's
+repository does.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
-from weakref import WeakKeyDictionary
 
 import orjson
 from pydantic import ValidationError
@@ -27,23 +25,10 @@ class RepositoryState(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-@dataclass(frozen=True)
-class Unloaded:
-    spec: ModelSpec
-    root: Path | None
-
-
-_UNLOADED: WeakKeyDictionary[Registry, dict[str, Unloaded]] = WeakKeyDictionary()
-
-
-def _memory(registry: Registry) -> dict[str, Unloaded]:
-    return _UNLOADED.setdefault(registry, {})
-
-
 def repository_index(registry: Registry, ready_only: bool = False) -> list[dict[str, Any]]:
     """Every registered or unloaded model with its state and the reason it is not ready, sorted by name."""
     rows: dict[str, dict[str, Any]] = {}
-    for name in _memory(registry):
+    for name in registry.retired:
         rows[name] = {"name": name, "version": "1", "state": RepositoryState.UNAVAILABLE, "reason": "unloaded"}
     for entry in registry.entries():
         state, reason = _state(entry)
@@ -65,7 +50,6 @@ async def load(registry: Registry, name: str, config: str | None = None) -> Entr
 
     Already ready or loading: waits for it. A failed model is loaded again. A load that fails is a 409.
     """
-    memory = _memory(registry)
     spec = _spec_from_config(name, config) if config is not None else None
     if name in registry:
         entry = registry.entry(name)
@@ -75,11 +59,11 @@ async def load(registry: Registry, name: str, config: str | None = None) -> Entr
             raise Conflict(f"model {name!r} is {entry.status}; unload it before loading a new config")
     elif spec is not None:
         entry = registry.add(spec, root=None)
-    elif name in memory:
-        entry = registry.add(memory[name].spec, root=memory[name].root)
+    elif name in registry.retired:
+        retired = registry.retired[name]
+        entry = registry.add(retired.spec, root=retired.root)
     else:
         raise NotFound(f"no model named {name!r}; give parameters.config (a model spec as JSON) to load a new one")
-    memory.pop(name, None)
     if entry.task is not None:
         await asyncio.shield(entry.task)
     if entry.status is not Status.ready:
@@ -105,11 +89,8 @@ def _spec_from_config(name: str, config: str) -> ModelSpec:
 
 async def unload(registry: Registry, name: str) -> None:
     """Release the model and remember its spec; unloading an unloaded model is a no-op."""
-    memory = _memory(registry)
     if name not in registry:
-        if name in memory:
+        if name in registry.retired:
             return
         raise NotFound(f"no model named {name!r}; POST /v2/repository/index lists them")
-    entry = registry.entry(name)
-    memory[name] = Unloaded(entry.spec, entry.root)
     await registry.remove(name)

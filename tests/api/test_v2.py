@@ -280,6 +280,17 @@ def test_unload_then_load(live: Live) -> None:
     assert err.status() == "404"
 
 
+def test_a_model_deleted_over_rest_loads_back_through_the_repository(live: Live) -> None:
+    base = f"http://{live.url}"
+    gone = httpx.delete(f"{base}/models/lenet", headers=AUTH, timeout=60)
+    assert gone.status_code == 200
+    index = {m["name"]: m for m in live.client.get_model_repository_index()}
+    assert index["lenet"]["state"] == "UNAVAILABLE"
+    live.client.load_model("lenet", headers=AUTH)
+    assert live.client.is_model_ready("lenet")
+    assert httpx.get(f"{base}/models/lenet", timeout=10).json()["weights"].endswith("lenet_digits.pt")
+
+
 def test_load_from_config(live: Live) -> None:
     config = json.dumps({"source": "python", "architecture": "service.zoo.lenet:LeNet", "input_size": [3, 32, 32]})
     live.client.load_model("lenet_random", headers=AUTH, config=config)
