@@ -7,12 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from service.api.inputs import validate
+from service.api.inputs import read_json, validate
 from service.api.openapi import error_responses, register_schema
 from service.api.responses import json_response
 from service.api.state import AppState, StateDep
@@ -62,18 +61,10 @@ async def inspect(
             await _save_upload(request, path)
             result = await _inspect(state, path, compare_to, stats)
     else:
-        body = validate(CheckpointPath, await _json(request))
+        body = validate(CheckpointPath, await read_json(request))
         path = resolve_under(state.settings.model_dir, body.path)
         result = await _inspect(state, path, compare_to, stats)
     return await json_response(result, state.settings)
-
-
-async def _json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BadInput("body is not valid JSON; send {\"path\": ...} or a multipart 'file'") from None
 
 
 async def _save_upload(request: Request, path: Path) -> None:

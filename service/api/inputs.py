@@ -36,16 +36,20 @@ async def parse_body(request: Request, model_cls: type[M], settings: Settings) -
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         return await _parse_multipart(request, model_cls, settings)
+    body = validate(model_cls, await read_json(request))
+    _check_count(body, settings)
+    return Parsed(body, None)
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON: 422 when empty, 400 when not JSON (invalid UTF-8 included)."""
     raw = await request.body()
     if not raw:
         raise InvalidField("empty body: send JSON (application/json) or a multipart form")
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise BadInput("body is not valid JSON") from None
-    body = validate(model_cls, data)
-    _check_count(body, settings)
-    return Parsed(body, None)
 
 
 def validate(model_cls: type[M], data: Any) -> M:

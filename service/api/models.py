@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
 from service.api.auth import require_admin
 from service.api.info import model_detail, model_info
-from service.api.openapi import error_responses
+from service.api.inputs import read_json, validate
+from service.api.openapi import error_responses, json_body
 from service.api.state import StateDep
 from service.schemas.models import LoadModelRequest, ModelDetail, ModelInfo, ModelList
 
@@ -40,8 +41,11 @@ async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
     summary="Load a model at run time (admin)",
     dependencies=[Depends(require_admin)],
     responses=error_responses(400, 401, 403, 409, 422),
+    openapi_extra=json_body(LoadModelRequest),
 )
-async def load_model(spec: LoadModelRequest, state: StateDep) -> JSONResponse:
+async def load_model(request: Request, state: StateDep) -> JSONResponse:
+    """The body is read only after the token is checked: nobody learns anything without it."""
+    spec = validate(LoadModelRequest, await read_json(request))
     entry = state.registry.add(spec)
     return JSONResponse(model_info(entry).model_dump(mode="json"), status_code=202)
 

@@ -34,6 +34,13 @@ def register_schema(model_cls: type[BaseModel]) -> None:
     _BODY_MODELS.append(model_cls)
 
 
+def json_body(model_cls: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a path that reads its JSON body itself (after its dependencies ran)."""
+    _BODY_MODELS.append(model_cls)
+    ref = {"$ref": f"#/components/schemas/{model_cls.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
 def body_with_multipart(model_cls: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` for a path that reads its body itself (JSON or multipart form)."""
     _BODY_MODELS.append(model_cls)

@@ -439,3 +439,13 @@ def test_cors_is_on_for_the_configured_origins(make_client: ClientFactory) -> No
     r = client.post("/predict", content=b"x" * 2000, headers={"Origin": "https://ui.example"})
     assert r.status_code == 413
     assert r.headers["access-control-allow-origin"] == "https://ui.example"
+
+
+def test_admin_load_checks_the_token_before_reading_the_body(make_client: ClientFactory) -> None:
+    client = make_client(None, admin_token="s3cret")
+    for body in (b"{not json", b'{"name": "x"}', b'{"name": "ok", "source": "python", "architecture": "a:B"}'):
+        r = client.post("/models", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 401, (body, r.text)
+    assert client.post("/models", content=b"{not json", headers={"Authorization": "Bearer s3cret"}).status_code == 400
+    schema = client.app.openapi()["paths"]["/models"]["post"]["requestBody"]["content"]["application/json"]  # type: ignore[attr-defined]
+    assert schema["schema"]["$ref"].endswith("/LoadModelRequest")
