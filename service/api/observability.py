@@ -89,7 +89,14 @@ class ObservabilityMiddleware:
         }
         if model:
             fields["model"] = model
-        access_log.log(logging.ERROR if status >= 500 else logging.INFO, "request", extra=fields)
+        access_log.log(_level(status), "request", extra=fields)
+
+
+def _level(status: int) -> int:
+    """Server faults are errors; 503 (not ready, queue full, out of memory) and 504 are load, a warning."""
+    if status in (503, 504):
+        return logging.WARNING
+    return logging.ERROR if status >= 500 else logging.INFO
 
 
 def _incoming_id(scope: Scope) -> str | None:

@@ -208,3 +208,39 @@ def test_exceptions_become_one_field() -> None:
     assert out["msg"] == "failed here"
     assert out["exc"].startswith("Traceback")
     assert out["exc"].endswith("ValueError: bad")
+
+
+def test_not_ready_is_a_warning_not_an_error(logs: LogLines, tmp_path: Path) -> None:
+    """/readyz answers 503 while models load: expected load, not a server fault."""
+    gate = tmp_path / "gate"
+    (tmp_path / "gated.py").write_text(GATED_MODEL.format(gate=str(gate)))
+    (tmp_path / "models.toml").write_text(GATED_TOML)
+    settings = Settings(model_dir=tmp_path, config=tmp_path / "models.toml")
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/readyz").status_code == 503
+        gate.touch()
+    (line,) = [entry for entry in logs.access() if entry["path"] == "/readyz"]
+    assert (line["status"], line["level"]) == (503, "warning")
+
+
+GATED_MODEL = """
+import time
+from pathlib import Path
+
+from torch import nn
+
+
+class Gated(nn.Linear):
+    def __init__(self):
+        while not Path({gate!r}).exists():
+            time.sleep(0.01)
+        super().__init__(4, 2)
+"""
+
+GATED_TOML = """
+[[models]]
+name = "gated"
+source = "python"
+architecture = "gated.py:Gated"
+input_size = [4]
+"""
