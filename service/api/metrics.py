@@ -7,6 +7,7 @@ from the Registry at scrape time by a custom collector, so they are never stale.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -104,6 +105,11 @@ class Metrics:
         """The executors' `on_batch` callback (called on worker threads; prometheus-client is thread-safe)."""
         self.batch_size.labels(model).observe(size)
 
+    def forget_model(self, name: str) -> None:
+        """The registry's `on_remove` callback: an unloaded model's batch-size series goes with it."""
+        with contextlib.suppress(KeyError):
+            self.batch_size.remove(name)
+
     def knows_model(self, name: str) -> bool:
         registry = self.source()
         return registry is not None and name in registry
@@ -137,6 +143,11 @@ def metrics_of(app: FastAPI) -> Metrics:
 def batch_observer(app: FastAPI) -> Callable[[str, int], None]:
     """Pass as `Registry(settings, on_batch=batch_observer(app))`: feeds `hookserve_batch_size`."""
     return metrics_of(app).observe_batch
+
+
+def removal_observer(app: FastAPI) -> Callable[[str], None]:
+    """Pass as `Registry(..., on_remove=removal_observer(app))`: drops an unloaded model's series."""
+    return metrics_of(app).forget_model
 
 
 router = APIRouter(tags=["monitoring"])

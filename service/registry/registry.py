@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -50,13 +51,19 @@ class Entry:
 class Registry:
     """Name -> Entry. Loading happens on a small thread pool so the event loop keeps serving."""
 
-    def __init__(self, settings: Settings, on_batch: BatchObserver | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_batch: BatchObserver | None = None,
+        on_remove: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self._entries: dict[str, Entry] = {}
         self._loader = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="hookserve-loader", initializer=pin_torch_threads, initargs=(1,)
         )
         self._on_batch = on_batch
+        self._on_remove = on_remove
         self.retired: dict[str, Retired] = {}  # removed models, so a repository load can bring them back
         self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
 
@@ -132,6 +139,8 @@ class Registry:
         entry = self.entry(name)
         del self._entries[name]
         self.retired[name] = Retired(entry.spec, entry.root)
+        if self._on_remove is not None:
+            self._on_remove(name)
         if entry.task is not None and not entry.task.done():
             await asyncio.gather(entry.task, return_exceptions=True)
         executor, model = entry.executor, entry.model

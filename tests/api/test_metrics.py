@@ -165,6 +165,22 @@ def test_each_app_has_its_own_registry(tmp_path: Path, monkeypatch: pytest.Monke
     assert not any(f.name.startswith("hookserve") for f in prometheus_client.REGISTRY.collect())
 
 
+def test_an_unloaded_model_takes_its_batch_series_with_it(tmp_path: Path) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text(
+        '[[models]]\nname = "tiny"\nsource = "python"\narchitecture = "service.zoo.lenet:LeNet"\n'
+        "input_size = [3, 32, 32]\n"
+    )
+    settings = Settings(model_dir=tmp_path, config=config, worker_threads=1, admin_token="t")
+    with observed_client(settings) as c:
+        wait_settled(c)
+        assert c.post("/predict", json={"model": "tiny", "inputs": lenet_inputs(1)}).status_code == 200
+        assert value(scrape(c), "hookserve_batch_size_count", model="tiny") == 1
+        assert c.delete("/models/tiny", headers={"Authorization": "Bearer t"}).status_code == 200
+        samples = scrape(c)
+    assert not any(("model", "tiny") in labels for name, labels in samples if name.startswith("hookserve_batch"))
+
+
 def test_install_is_idempotent(tmp_path: Path) -> None:
     settings = Settings(model_dir=tmp_path, config=None)
     app = create_app(settings)
