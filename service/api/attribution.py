@@ -20,6 +20,7 @@ from service.introspection.layers import resolve_layers
 from service.introspection.saliency import SaliencyItem, SaliencyMethod
 from service.introspection.targets import TargetSpec
 from service.registry.preprocess import denormalize
+from service.registry.spec import PreprocessSpec
 from service.runtime.attribution_jobs import run_gradients, run_saliency
 from service.schemas.attribution import GradientsRequest, GradientsResponse, SaliencyRequest, SaliencyResponse
 from service.schemas.common import SaliencyFormat, TensorFormat
@@ -93,9 +94,8 @@ async def saliency(request: Request, state: StateDep) -> Response:
         )
     )
     if body.format is SaliencyFormat.png:
-        images = [denormalize(x.float(), model.preprocess) for x in job.inputs]
         heatmaps = [item.heatmap for item in items]
-        png = await run_in_threadpool(_overlay, images, heatmaps, body.alpha)
+        png = await run_in_threadpool(_overlay, list(job.inputs), heatmaps, model.preprocess, body.alpha)
         return png_response(png, f"saliency-{body.method.value}")
     head = {"model": model.name, "method": body.method.value}
     if body.format is not SaliencyFormat.json:
@@ -130,8 +130,14 @@ def _result(item: SaliencyItem, label: str, encode: Any) -> dict[str, Any]:
 MIN_PICTURE_SIDE = 224
 
 
-def _overlay(images: list[torch.Tensor], heatmaps: list[torch.Tensor], alpha: float) -> bytes:
-    """Blend each heatmap over its input; small inputs (a 32×32 digit) are enlarged to be seen."""
+def _overlay(
+    inputs: list[torch.Tensor], heatmaps: list[torch.Tensor], preprocess: PreprocessSpec, alpha: float
+) -> bytes:
+    """Blend each heatmap over its de-normalised input; small inputs (a 32×32 digit) are enlarged to be seen.
+
+    Runs on a worker thread: the event loop runs no torch.
+    """
+    images = [denormalize(x.float(), preprocess) for x in inputs]
     side = min(images[0].shape[-2:])
     if side < MIN_PICTURE_SIDE:
         factor = -(-MIN_PICTURE_SIDE // side)

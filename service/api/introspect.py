@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
+from starlette.concurrency import run_in_threadpool
 
 from service.api.openapi import error_responses
 from service.api.responses import OCTET, check_binary_size, json_response
@@ -108,10 +109,10 @@ async def state_dict(
     if key is not None:
         tensor = await executor.run_shared(lambda: get_tensor(model.module, key))
         check_binary_size({key: tensor}, state.settings)
-        if format is TensorFileFormat.safetensors:
-            body = safetensors_bytes({key: tensor}, {"model": name, "key": key})
+        if format is TensorFileFormat.safetensors:  # encoded off the event loop: tensors can be large
+            body = await run_in_threadpool(safetensors_bytes, {key: tensor}, {"model": name, "key": key})
         else:
-            body = npy_bytes(tensor)
+            body = await run_in_threadpool(npy_bytes, tensor)
         ext = (format or TensorFileFormat.npy).value
         return Response(body, media_type=OCTET, headers={"Content-Disposition": f'attachment; filename="{key}.{ext}"'})
     if format is not None:
