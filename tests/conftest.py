@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from service.config import Settings
 from service.main import create_app
-from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, samples_dir, weights_path
+from service.registry.preprocess import preprocess_image
+from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, lenet_preprocess_spec, samples_dir, weights_path
 
 torch.set_num_threads(1)
 
@@ -137,3 +140,8 @@ def hooks(client: TestClient, name: str) -> int:
     """The hook count `GET /models/{name}` reports."""
     count: int = client.get(f"/models/{name}").json()["hooks"]
     return count
+
+
+def digit_pixels(label: int) -> torch.Tensor:
+    """What the server feeds lenet for a shipped digit sample: the same preprocessing, in-process."""
+    return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)

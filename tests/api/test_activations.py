@@ -26,13 +26,13 @@ from torch import Tensor, nn
 from service.codecs.pictures import feature_grid_png
 from service.config import Settings
 from service.main import create_app
-from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import lenet_preprocess_spec, load_lenet
+from service.zoo.lenet import load_lenet
 from tests.conftest import (
     ClientFactory,
     as_tensor,
     assert_no_module_hooks,
     b64,
+    digit_pixels,
     sample_png,
     tensor_input,
     wait_settled,
@@ -103,11 +103,6 @@ def served(client: TestClient, name: str) -> nn.Module:
 def assert_no_hooks(client: TestClient, name: str) -> None:
     assert client.get(f"/models/{name}").json()["hooks"] == 0
     assert_no_module_hooks(served(client, name))
-
-
-def lenet_pixels(label: int) -> Tensor:
-    """What the server feeds lenet for the shipped digit sample (same preprocessing code path)."""
-    return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
 
 
 def _store(out: dict[str, dict[str, Tensor]], key: str, side: str, value: Any) -> None:
@@ -211,7 +206,7 @@ def test_exact_names_equal_direct_hooks_and_predictions_equal_predict(
     builtin_client: TestClient, lenet: nn.Module
 ) -> None:
     digits = [3, 7]
-    x = torch.stack([lenet_pixels(d) for d in digits])
+    x = torch.stack([digit_pixels(d) for d in digits])
     inputs = [{"image": b64(sample_png(d))} for d in digits]
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["conv1", "fc3"])
     assert body["model"] == "lenet"
@@ -226,7 +221,7 @@ def test_exact_names_equal_direct_hooks_and_predictions_equal_predict(
 
 
 def test_fnmatch_patterns(builtin_client: TestClient, lenet: nn.Module, resnet: nn.Module) -> None:
-    x = lenet_pixels(5)[None]
+    x = digit_pixels(5)[None]
     body = post_activations(builtin_client, model="lenet", inputs=[tensor_input(x[0])], layers=["fc*"])
     assert list(body["activations"]) == ["fc1", "fc2", "fc3"]
     assert_same(body["activations"], direct(lenet, ["fc1", "fc2", "fc3"], x))
@@ -266,7 +261,7 @@ def test_unknown_layer_is_422_naming_closest(
 
 
 def test_capture_input_output_both(builtin_client: TestClient, lenet: nn.Module) -> None:
-    x = torch.stack([lenet_pixels(0), lenet_pixels(9)])
+    x = torch.stack([digit_pixels(0), digit_pixels(9)])
     inputs = [tensor_input(t, as_b64=True) for t in x]
     for capture in ("input", "output", "both"):
         body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["pool", "fc1"], capture=capture)
@@ -282,7 +277,7 @@ def test_capture_input_output_both(builtin_client: TestClient, lenet: nn.Module)
 
 
 def test_shared_relu_reports_every_call(builtin_client: TestClient, lenet: nn.Module) -> None:
-    x = lenet_pixels(4)[None]
+    x = digit_pixels(4)[None]
     body = post_activations(builtin_client, model="lenet", inputs=[tensor_input(x[0])], layers=["relu"])
     assert list(body["activations"]) == ["relu", "relu#2", "relu#3", "relu#4"]
     shapes = [v["output"]["shape"] for v in body["activations"].values()]
@@ -329,7 +324,7 @@ def test_tuple_output_and_several_positional_inputs_of_a_python_model(tmp_path: 
 
 @pytest.mark.parametrize("reduce", ["mean", "max", "flatten"])
 def test_reduce(builtin_client: TestClient, lenet: nn.Module, reduce: str) -> None:
-    x = torch.stack([lenet_pixels(1), lenet_pixels(2)])
+    x = torch.stack([digit_pixels(1), digit_pixels(2)])
     inputs = [tensor_input(t) for t in x]
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["conv2", "fc1"], reduce=reduce)
     want = direct(lenet, ["conv2", "fc1"], x)
@@ -347,7 +342,7 @@ def test_reduce(builtin_client: TestClient, lenet: nn.Module, reduce: str) -> No
 
 
 def test_format_stats(builtin_client: TestClient, lenet: nn.Module) -> None:
-    x = torch.stack([lenet_pixels(6), lenet_pixels(8)])
+    x = torch.stack([digit_pixels(6), digit_pixels(8)])
     inputs = [tensor_input(t) for t in x]
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["relu", "conv1"], format="stats")
     want = direct(lenet, ["relu", "conv1"], x)
@@ -379,7 +374,7 @@ def _safetensors_metadata(data: bytes) -> dict[str, Any]:
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) -> None:
-    x = torch.stack([lenet_pixels(2), lenet_pixels(5)])
+    x = torch.stack([digit_pixels(2), digit_pixels(5)])
     inputs = [tensor_input(t) for t in x]
     response = builtin_client.post(
         "/activations",
@@ -414,7 +409,7 @@ def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) 
 
 
 def test_format_png(builtin_client: TestClient, lenet: nn.Module) -> None:
-    x = lenet_pixels(3)[None]
+    x = digit_pixels(3)[None]
     want = direct(lenet, ["conv1", "conv2"], x)
     sizes = {}
     for layer, channels in (("conv1", 64), ("conv1", 2), ("conv2", 64), ("conv2", 4)):
@@ -459,7 +454,7 @@ def test_multipart_form_like_curl(builtin_client: TestClient, lenet: nn.Module) 
     )
     assert response.status_code == 200, response.text
     body = response.json()
-    x = torch.stack([lenet_pixels(7), lenet_pixels(1)])
+    x = torch.stack([digit_pixels(7), digit_pixels(1)])
     want = direct(lenet, ["conv1", "conv2"], x)
     assert list(body["activations"]) == ["conv1", "conv2"]
     for key in ("conv1", "conv2"):
@@ -471,7 +466,7 @@ def test_multipart_form_like_curl(builtin_client: TestClient, lenet: nn.Module) 
 
 def test_json_answer_over_limit_is_413_with_advice(tmp_path: Path, make_client: ClientFactory) -> None:
     client = make_client(write_lenet(tmp_path), max_json_response_bytes=20_000)
-    inputs = [tensor_input(lenet_pixels(3))]
+    inputs = [tensor_input(digit_pixels(3))]
     response = client.post("/activations", json={"model": "lenet", "inputs": inputs, "layers": ["conv1"]})
     assert response.status_code == 413  # 4704 floats do not fit in 20 kB of JSON
     detail = response.json()["detail"]

@@ -14,16 +14,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastapi.testclient import TestClient
-from PIL import Image
 from safetensors.torch import load as safetensors_load
 from torch import Tensor
 from torchvision.models import ResNet
 
 from service.config import Settings
 from service.main import create_app
-from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LeNet, lenet_preprocess_spec
-from tests.conftest import ClientFactory, as_tensor, b64, hooks, sample_png, tensor_input, wait_settled, write_lenet
+from service.zoo.lenet import LeNet
+from tests.conftest import (
+    ClientFactory,
+    as_tensor,
+    b64,
+    digit_pixels,
+    hooks,
+    sample_png,
+    tensor_input,
+    wait_settled,
+    write_lenet,
+)
 
 PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -49,11 +57,6 @@ def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[Te
             ["lenet", "pets", "resnet18"], "ready"
         )
         yield c
-
-
-def digit(label: int) -> Tensor:
-    """The server's preprocessing of a shipped digit sample, done in-process."""
-    return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
 
 
 def lenet_parts(m: LeNet, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -126,14 +129,16 @@ def test_lenet_conv2_images_top1(client: TestClient, lenet: LeNet) -> None:
     out = post(
         client, model="lenet", inputs=[{"image": b64(sample_png(3))}, {"image": b64(sample_png(8))}], layers=["conv2"]
     )
-    targets, scores, want = expected(lenet_parts, lenet, torch.stack([digit(3), digit(8)]), None, ["conv2"])
+    targets, scores, want = expected(
+        lenet_parts, lenet, torch.stack([digit_pixels(3), digit_pixels(8)]), None, ["conv2"]
+    )
     assert out["targets"] == targets == [3, 8]  # top-1 per input (the trained net reads both digits)
     np.testing.assert_allclose(out["scores"], scores, rtol=1e-5)
     check_grads(out["gradients"], want)
 
 
 def test_shared_relu_reports_every_call(client: TestClient, lenet: LeNet) -> None:
-    x = torch.stack([digit(1), digit(5)])
+    x = torch.stack([digit_pixels(1), digit_pixels(5)])
     out = post(client, model="lenet", inputs=[tensor_input(t) for t in x], target=[2, 6], layers=["relu"])
     _, _, want = expected(lenet_parts, lenet, x, [2, 6], ["relu", "relu#2", "relu#3", "relu#4"])
     assert list(out["gradients"]) == ["relu", "relu#2", "relu#3", "relu#4", "input"]
@@ -147,7 +152,7 @@ def test_shared_relu_reports_every_call(client: TestClient, lenet: LeNet) -> Non
 def test_targets_by_index_and_label(
     client: TestClient, lenet: LeNet, model: str, target: Any, index: int | list[int]
 ) -> None:
-    x = torch.stack([digit(0), digit(9)])
+    x = torch.stack([digit_pixels(0), digit_pixels(9)])
     indices = index if isinstance(index, list) else [index, index]
     out = post(client, model=model, inputs=[tensor_input(t) for t in x], target=target, layers=["fc2"])
     _, scores, want = expected(lenet_parts, lenet, x, indices, [])
@@ -161,7 +166,7 @@ def test_include_input_false_leaves_input_out(client: TestClient, lenet: LeNet) 
     out = post(
         client, model="lenet", inputs=[{"image": b64(sample_png(4))}], target=4, layers=["conv2"], include_input=False
     )
-    _, _, want = expected(lenet_parts, lenet, digit(4)[None], [4], ["conv2"])
+    _, _, want = expected(lenet_parts, lenet, digit_pixels(4)[None], [4], ["conv2"])
     assert list(out["gradients"]) == ["conv2"]
     check_grads(out["gradients"], {"conv2": want["conv2"]})
 
@@ -174,7 +179,7 @@ def safetensors_metadata(data: bytes) -> dict[str, Any]:
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
-    x = torch.stack([digit(2), digit(6)])
+    x = torch.stack([digit_pixels(2), digit_pixels(6)])
     response = client.post(
         "/gradients",
         json={"model": "lenet", "inputs": [tensor_input(t) for t in x], "layers": ["conv2", "relu"], "format": fmt},
@@ -211,7 +216,7 @@ def test_multipart_curl_style(client: TestClient, lenet: LeNet) -> None:
     assert response.status_code == 200, response.text[:500]
     out = response.json()
     assert out["targets"] == [5, 5]  # one label for every image, not a one-item list
-    _, _, want = expected(lenet_parts, lenet, torch.stack([digit(3), digit(8)]), [5, 5], ["conv2"])
+    _, _, want = expected(lenet_parts, lenet, torch.stack([digit_pixels(3), digit_pixels(8)]), [5, 5], ["conv2"])
     assert list(out["gradients"]) == ["conv2", "fc1"]
     check_grads({"conv2": out["gradients"]["conv2"]}, {"conv2": want["conv2"]})
     per_input = client.post("/gradients", data={"model": "lenet", "target": "1,2", "layers": "conv2"}, files=files)

@@ -22,9 +22,8 @@ from torchvision.models import ResNet
 
 from service.config import Settings
 from service.main import create_app
-from service.registry.preprocess import preprocess_image
-from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet, lenet_preprocess_spec
-from tests.conftest import as_tensor, b64, hooks, sample_png, tensor_input, wait_settled, write_lenet
+from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet
+from tests.conftest import as_tensor, b64, digit_pixels, hooks, sample_png, tensor_input, wait_settled, write_lenet
 
 METHODS = ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
 IG_LIMIT, SG_LIMIT, IG_BATCH = 300, 40, 16
@@ -94,10 +93,6 @@ def client(tmp_path_factory: pytest.TempPathFactory, r18: ResNet) -> Iterator[Te
             ["lenet", "resnet18", "probe"], "ready"
         )
         yield c
-
-
-def digit(label: int) -> Tensor:
-    return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
 
 
 def saliency(client: TestClient, **body: Any) -> dict[str, Any]:
@@ -172,7 +167,7 @@ CASES = [(model, method) for model in ("lenet", "resnet18") for method in METHOD
 def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model_name: str, method: str) -> None:
     model: nn.Module
     if model_name == "lenet":
-        model, x, targets = lenet, torch.stack([digit(3), digit(8)]), [3, 5]
+        model, x, targets = lenet, torch.stack([digit_pixels(3), digit_pixels(8)]), [3, 5]
     else:
         model, x, targets = r18, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2)), [3, 917]
     out = saliency(
@@ -218,7 +213,7 @@ def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model
 
 def test_image_inputs_use_the_model_preprocessing(client: TestClient, lenet: LeNet) -> None:
     out = saliency(client, model="lenet", inputs=[{"image": b64(sample_png(7))}], method="gradient")
-    x = digit(7)[None]
+    x = digit_pixels(7)[None]
     target = int(lenet(x).argmax())
     assert [r["target"] for r in out["results"]] == [target] == [7]  # top-1
     want, _ = captum(lenet, x, "gradient", [target])
@@ -226,7 +221,7 @@ def test_image_inputs_use_the_model_preprocessing(client: TestClient, lenet: LeN
 
 
 def test_gradcam_named_layer(client: TestClient, lenet: LeNet) -> None:
-    x = torch.stack([digit(2), digit(6)])
+    x = torch.stack([digit_pixels(2), digit_pixels(6)])
     for layer in ("conv1", "conv1*"):  # a pattern naming exactly one layer is that layer
         out = saliency(client, model="lenet", inputs=[tensor_input(t) for t in x], method="gradcam", layer=layer)
         want, _ = captum(lenet, x, "gradcam", [2, 6], layer=lenet.conv1)
@@ -238,7 +233,7 @@ def test_gradcam_named_layer(client: TestClient, lenet: LeNet) -> None:
 
 def test_integrated_gradients_completeness(client: TestClient, lenet: LeNet) -> None:
     """Sundararajan et al.: sum of attributions = f(x) − f(baseline) for the target, up to the Riemann error."""
-    x = torch.stack([digit(4), digit(9)])
+    x = torch.stack([digit_pixels(4), digit_pixels(9)])
     out = saliency(client, model="lenet", inputs=[tensor_input(t) for t in x], method="integrated_gradients", steps=256)
     with torch.no_grad():
         fx, f0 = lenet(x), lenet(torch.zeros_like(x))
@@ -274,7 +269,7 @@ def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
 
 
 def test_smoothgrad_is_seeded(client: TestClient) -> None:
-    x = torch.stack([digit(1), digit(3)])
+    x = torch.stack([digit_pixels(1), digit_pixels(3)])
     body = {"model": "lenet", "method": "smoothgrad", "samples": 8, "target": 3}
 
     def maps(inputs: Tensor, seed: int) -> list[Tensor]:
@@ -314,7 +309,7 @@ def test_smoothgrad_is_seeded(client: TestClient) -> None:
     ],
 )
 def test_invalid_fields_are_422_and_leave_no_hooks(client: TestClient, body: dict[str, Any], needle: str) -> None:
-    inputs = [tensor_input(digit(0)), tensor_input(digit(1))]
+    inputs = [tensor_input(digit_pixels(0)), tensor_input(digit_pixels(1))]
     response = client.post("/saliency", json={"model": "lenet", "inputs": inputs, **body})
     assert response.status_code == 422, response.text[:500]
     assert needle in str(response.json()["detail"])
@@ -405,7 +400,7 @@ def test_png_blends_the_heatmap_over_the_input(client: TestClient) -> None:
     grey = np.asarray(decode_png(client.post("/saliency", json={**body, "alpha": 0.0})))
     assert (grey[..., 0] == grey[..., 1]).all()
     assert (grey[..., 1] == grey[..., 2]).all()
-    denorm = digit(6) * torch.tensor(LENET_STD)[:, None, None] + torch.tensor(LENET_MEAN)[:, None, None]
+    denorm = digit_pixels(6) * torch.tensor(LENET_STD)[:, None, None] + torch.tensor(LENET_MEAN)[:, None, None]
     expected = np.round(denorm.clamp(0, 1)[0].repeat_interleave(7, 0).repeat_interleave(7, 1).numpy() * 255)
     assert np.abs(grey[..., 0].astype(int) - expected.astype(int)).max() <= 1
     coloured = np.asarray(decode_png(client.post("/saliency", json={**body, "alpha": 0.6})))
@@ -422,7 +417,7 @@ def safetensors_metadata(data: bytes) -> dict[str, Any]:
 def test_binary_formats(client: TestClient, fmt: str) -> None:
     body = {
         "model": "lenet",
-        "inputs": [tensor_input(digit(3)), tensor_input(digit(8))],
+        "inputs": [tensor_input(digit_pixels(3)), tensor_input(digit_pixels(8))],
         "method": "integrated_gradients",
         "steps": 16,
         "target": [3, 8],
@@ -460,7 +455,7 @@ def test_multipart_curl_style(client: TestClient, lenet: LeNet) -> None:
     assert response.status_code == 200, response.text[:500]
     results = response.json()["results"]
     assert [r["target"] for r in results] == [4, 4]
-    want, _ = captum(lenet, torch.stack([digit(2), digit(7)]), "gradcam", [4, 4])
+    want, _ = captum(lenet, torch.stack([digit_pixels(2), digit_pixels(7)]), "gradcam", [4, 4])
     for result, expected in zip(results, want, strict=True):
         close(as_tensor(result["attribution"]), expected.detach(), "multipart gradcam")
     top1 = client.post("/saliency", data={"model": "lenet", "method": "gradient", "target": ""}, files=files)
