@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
 from PIL import Image
+from safetensors.torch import load as safetensors_load
 
 from service.config import Settings
 from service.main import create_app
@@ -145,3 +149,17 @@ def hooks(client: TestClient, name: str) -> int:
 def digit_pixels(label: int) -> torch.Tensor:
     """What the server feeds lenet for a shipped digit sample: the same preprocessing, in-process."""
     return preprocess_image(Image.open(io.BytesIO(sample_png(label))), lenet_preprocess_spec(), 3)
+
+
+def read_binary_answer(content: bytes, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A safetensors or npz answer: its tensors, and the rest of the JSON answer its metadata carries."""
+    if fmt == "safetensors":
+        (length,) = struct.unpack("<Q", content[:8])
+        metadata = json.loads(content[8 : 8 + length])["__metadata__"]
+        return safetensors_load(content), json.loads(metadata["response"])
+    with np.load(io.BytesIO(content), allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    response = arrays.pop("__response__")
+    assert response.shape == ()  # a 0-d unicode array, as API.md says
+    assert response.dtype.kind == "U"
+    return {k: torch.from_numpy(v) for k, v in arrays.items()}, json.loads(str(response))

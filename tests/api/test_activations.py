@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import math
-import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +18,6 @@ import torch
 import torchvision
 from fastapi.testclient import TestClient
 from PIL import Image
-from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 
 from service.codecs.pictures import feature_grid_png
@@ -33,6 +30,7 @@ from tests.conftest import (
     assert_no_module_hooks,
     b64,
     digit_pixels,
+    read_binary_answer,
     sample_png,
     tensor_input,
     wait_settled,
@@ -365,13 +363,6 @@ def test_format_stats(builtin_client: TestClient, lenet: nn.Module) -> None:
     assert len(body["predictions"]) == 2
 
 
-def _safetensors_metadata(data: bytes) -> dict[str, Any]:
-    (length,) = struct.unpack("<Q", data[:8])
-    header: dict[str, Any] = json.loads(data[8 : 8 + length])
-    metadata: dict[str, Any] = header["__metadata__"]
-    return metadata
-
-
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) -> None:
     x = torch.stack([digit_pixels(2), digit_pixels(5)])
@@ -384,17 +375,7 @@ def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) 
     assert response.headers["content-type"] == "application/octet-stream"
     want = direct(lenet, ["conv2", "relu"], x, "both")
     expected_keys = sorted(f"{k}:{s}" for k, sides in want.items() for s in sides)
-    if fmt == "safetensors":
-        tensors = safetensors_load(response.content)
-        rest = json.loads(_safetensors_metadata(response.content)["response"])
-    else:
-        with np.load(io.BytesIO(response.content), allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        response_json = arrays.pop("__response__")
-        assert response_json.shape == ()
-        assert response_json.dtype.kind == "U"
-        rest = json.loads(str(response_json))
-        tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    tensors, rest = read_binary_answer(response.content, fmt)
     assert sorted(tensors) == expected_keys
     for key, sides in want.items():
         for side, expected in sides.items():

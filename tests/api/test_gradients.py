@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastapi.testclient import TestClient
-from safetensors.torch import load as safetensors_load
 from torch import Tensor
 from torchvision.models import ResNet
 
@@ -27,6 +23,7 @@ from tests.conftest import (
     b64,
     digit_pixels,
     hooks,
+    read_binary_answer,
     sample_png,
     tensor_input,
     wait_settled,
@@ -171,12 +168,6 @@ def test_include_input_false_leaves_input_out(client: TestClient, lenet: LeNet) 
     check_grads(out["gradients"], {"conv2": want["conv2"]})
 
 
-def safetensors_metadata(data: bytes) -> dict[str, Any]:
-    (size,) = struct.unpack("<Q", data[:8])
-    header: dict[str, Any] = json.loads(data[8 : 8 + size])
-    return header["__metadata__"]  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
     x = torch.stack([digit_pixels(2), digit_pixels(6)])
@@ -187,13 +178,7 @@ def test_binary_formats(client: TestClient, lenet: LeNet, fmt: str) -> None:
     assert response.status_code == 200, response.text[:500]
     assert response.headers["content-type"] == "application/octet-stream"
     assert f'filename="gradients.{fmt}"' in response.headers["content-disposition"]
-    if fmt == "safetensors":
-        tensors = safetensors_load(response.content)
-        meta = json.loads(safetensors_metadata(response.content)["response"])
-    else:
-        archive = np.load(io.BytesIO(response.content), allow_pickle=False)
-        meta = json.loads(str(archive["__response__"][()]))
-        tensors = {k: torch.from_numpy(archive[k]) for k in archive.files if k != "__response__"}
+    tensors, meta = read_binary_answer(response.content, fmt)
     keys = ["relu", "conv2", "relu#2", "relu#3", "relu#4"]
     targets, scores, want = expected(lenet_parts, lenet, x, None, keys)
     assert set(tensors) == {*keys, "input"}

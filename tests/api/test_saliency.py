@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +14,23 @@ import torch.nn.functional as F
 from captum.attr import InputXGradient, IntegratedGradients, LayerGradCam, NoiseTunnel, Saliency
 from fastapi.testclient import TestClient
 from PIL import Image
-from safetensors.torch import load as safetensors_load
 from torch import Tensor, nn
 from torchvision.models import ResNet
 
 from service.config import Settings
 from service.main import create_app
 from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet
-from tests.conftest import as_tensor, b64, digit_pixels, hooks, sample_png, tensor_input, wait_settled, write_lenet
+from tests.conftest import (
+    as_tensor,
+    b64,
+    digit_pixels,
+    hooks,
+    read_binary_answer,
+    sample_png,
+    tensor_input,
+    wait_settled,
+    write_lenet,
+)
 
 METHODS = ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
 IG_LIMIT, SG_LIMIT, IG_BATCH = 300, 40, 16
@@ -407,12 +414,6 @@ def test_png_blends_the_heatmap_over_the_input(client: TestClient) -> None:
     assert not (coloured[..., 0] == coloured[..., 2]).all()
 
 
-def safetensors_metadata(data: bytes) -> dict[str, Any]:
-    (size,) = struct.unpack("<Q", data[:8])
-    header: dict[str, Any] = json.loads(data[8 : 8 + size])
-    return header["__metadata__"]  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 def test_binary_formats(client: TestClient, fmt: str) -> None:
     body = {
@@ -427,13 +428,7 @@ def test_binary_formats(client: TestClient, fmt: str) -> None:
     assert response.status_code == 200, response.text[:500]
     assert response.headers["content-type"] == "application/octet-stream"
     assert f'filename="saliency-integrated_gradients.{fmt}"' in response.headers["content-disposition"]
-    if fmt == "safetensors":
-        tensors = safetensors_load(response.content)
-        meta = json.loads(safetensors_metadata(response.content)["response"])
-    else:
-        archive = np.load(io.BytesIO(response.content), allow_pickle=False)
-        meta = json.loads(str(archive["__response__"][()]))
-        tensors = {k: torch.from_numpy(archive[k]) for k in archive.files if k != "__response__"}
+    tensors, meta = read_binary_answer(response.content, fmt)
     assert set(tensors) == {"0:attribution", "0:heatmap", "1:attribution", "1:heatmap"}
     assert meta["model"] == "lenet"
     assert meta["method"] == "integrated_gradients"
