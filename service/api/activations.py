@@ -12,11 +12,11 @@ from service.api.responses import OCTET, binary_response, json_response, png_res
 from service.api.running import prepare
 from service.api.state import StateDep
 from service.codecs.pictures import feature_grid_png
-from service.codecs.tensors import dtype_name, json_tensor
+from service.codecs.tensors import json_tensor
 from service.errors import InvalidField
 from service.introspection.capture import Captured
 from service.introspection.layers import resolve_layers
-from service.introspection.tensor_stats import tensor_summary
+from service.introspection.tensor_stats import dtype_name, tensor_summary
 from service.runtime.activations_job import run_activations
 from service.schemas.activations import ActivationsRequest, ActivationsResponse
 from service.schemas.common import ActivationFormat

@@ -17,7 +17,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from service.errors import BadInput, TooLarge
-from service.registry.preprocess import center_crop_box, resized_size
+from service.registry.preprocess import center_crop_box, per_channel, resized_size
 from service.registry.spec import Interpolation, PreprocessSpec
 
 _MODES = {
@@ -67,11 +67,6 @@ def preprocess_tensor(image: torch.Tensor, spec: PreprocessSpec, channels: int) 
     tensor = image.to(torch.float32).div_(255.0)
     if tensor.shape[0] == 1 and channels != 1:
         tensor = tensor.expand(channels, -1, -1)
-    mean = _per_channel(spec.mean, channels, tensor.device)
-    std = _per_channel(spec.std, channels, tensor.device)
+    mean = per_channel(spec.mean, channels, tensor.device)
+    std = per_channel(spec.std, channels, tensor.device)
     return tensor.sub(mean).div_(std).contiguous()
-
-
-def _per_channel(values: list[float], channels: int, device: torch.device) -> torch.Tensor:
-    repeated = (values * channels)[:channels] if len(values) != channels else values
-    return torch.tensor(repeated, dtype=torch.float32, device=device).view(-1, 1, 1)

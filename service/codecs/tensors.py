@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from service.errors import BadInput, InvalidField
+from service.introspection.tensor_stats import dtype_name
 
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     "float32": np.dtype("<f4"),
@@ -80,11 +81,6 @@ def _from_bytes(raw: bytes, np_dtype: np.dtype[Any], numel: int, shape: Sequence
         raise InvalidField(f"{where}.b64 holds {len(raw)} bytes; shape {list(shape)} needs {expected}")
     array = np.frombuffer(raw, dtype=np_dtype).reshape(tuple(shape))
     return torch.from_numpy(array.astype(np_dtype.newbyteorder("="), copy=True))
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> `"float32"`."""
-    return str(dtype).removeprefix("torch.")
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:

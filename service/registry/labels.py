@@ -16,10 +16,3 @@ def read_labels(path: Path) -> list[str]:
     while lines and not lines[-1].strip():
         lines.pop()
     return [line.strip() for line in lines]
-
-
-def label_of(labels: list[str] | None, index: int) -> str:
-    """The label of a class index; the index as a string when there are no labels."""
-    if labels is not None and 0 <= index < len(labels):
-        return labels[index]
-    return str(index)

@@ -60,22 +60,21 @@ def preprocess_image(image: Image.Image, spec: PreprocessSpec, channels: int) ->
     tensor = torch.from_numpy(array).permute(2, 0, 1).to(torch.float32).div_(255.0)
     if tensor.shape[0] == 1 and channels != 1:
         tensor = tensor.expand(channels, -1, -1)
-    mean = _per_channel(spec.mean, channels)
-    std = _per_channel(spec.std, channels)
+    mean = per_channel(spec.mean, channels)
+    std = per_channel(spec.std, channels)
     return tensor.sub(mean).div_(std).contiguous()
 
 
-def _per_channel(values: list[float], channels: int) -> torch.Tensor:
-    if len(values) == 1:
-        values = values * channels
+def per_channel(values: list[float], channels: int, device: torch.device | None = None) -> torch.Tensor:
+    """Mean or std as a `[channels, 1, 1]` float32 tensor; fewer values than channels are repeated."""
     if len(values) != channels:
         values = (values * channels)[:channels]
-    return torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
+    return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1, 1)
 
 
 def denormalize(tensor: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
     """Invert the normalization of a [C, H, W] tensor back to [0, 1] (for pictures)."""
     channels = tensor.shape[0]
-    mean = _per_channel(spec.mean, channels).to(tensor.device, tensor.dtype)
-    std = _per_channel(spec.std, channels).to(tensor.device, tensor.dtype)
+    mean = per_channel(spec.mean, channels).to(tensor.device, tensor.dtype)
+    std = per_channel(spec.std, channels).to(tensor.device, tensor.dtype)
     return (tensor * std + mean).clamp_(0.0, 1.0)

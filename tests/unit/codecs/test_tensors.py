@@ -12,12 +12,12 @@ import torch
 from service.codecs.tensors import (
     INPUT_DTYPES,
     decode_b64,
-    dtype_name,
     json_tensor,
     tensor_from_payload,
     to_numpy,
 )
 from service.errors import BadInput, InvalidField
+from service.introspection.tensor_stats import dtype_name
 
 
 def _b64(raw: bytes) -> str:
