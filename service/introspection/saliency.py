@@ -52,6 +52,7 @@ def compute_saliency(
     method: SaliencyMethod | str,
     targets: Sequence[int],
     *,
+    logits: Tensor | None = None,
     layer_name: str | None = None,
     steps: int = 50,
     samples: int = 25,
@@ -66,6 +67,7 @@ def compute_saliency(
     chunked to it too); `smoothgrad_batch_size` (None = all samples at once) bounds the
     noisy copies per forward. SmoothGrad seeds the RNG with `seed` per input (the global
     RNG state is restored), so an input's map does not depend on the rest of the batch.
+    `logits`: the model's output for `x` when the caller already has it (saves a forward).
     """
     method = _method(method)
     n = x.shape[0]
@@ -79,8 +81,10 @@ def compute_saliency(
     layer = _gradcam_layer(model, layer_name) if method is SaliencyMethod.GRADCAM else None
     with torch.inference_mode(False), torch.enable_grad():
         inputs = x.detach().clone().requires_grad_(True)
-        with torch.no_grad():
-            logits = class_scores(model(inputs))
+        if logits is None:
+            with torch.no_grad():
+                logits = model(inputs)
+        logits = class_scores(logits)
         k = logits.shape[1]
         for t in targets:
             _check(0 <= t < k, f"target index {t} is out of range: the model has {k} classes [0, {k - 1}]")

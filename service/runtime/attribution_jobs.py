@@ -10,17 +10,17 @@ from service.introspection.gradients import GradientResult, compute_gradients
 from service.introspection.saliency import SaliencyItem, SaliencyMethod, compute_saliency
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import forward_checked, to_device
+from service.runtime.batching import foreign_shape_errors, forward_checked, to_device
 
 
 def run_gradients(
     model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], target: TargetSpec, include_input: bool
 ) -> GradientResult:
     x = to_device(inputs, model.device, model.dtype)
-    if list(x.shape[1:]) != list(model.input_size):  # a shape the model cannot take is a 422, not a 500
-        with torch.inference_mode():
-            forward_checked(model, x)
-    result = compute_gradients(model.module, x, layers, target=target, labels=model.labels, include_input=include_input)
+    with foreign_shape_errors(model, x):
+        result = compute_gradients(
+            model.module, x, layers, target=target, labels=model.labels, include_input=include_input
+        )
     result.gradients = {k: v.cpu() for k, v in result.gradients.items()}
     return result
 
@@ -48,6 +48,7 @@ def run_saliency(
         x,
         method,
         targets,
+        logits=logits,
         layer_name=layer,
         steps=steps,
         samples=samples,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,10 +24,14 @@ def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor]) -> list[Any]:
         return [to_cpu(part) for part in split_output(output, sizes)]
 
 
-def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
-    """`model.module(batch)`; a failure on a sample shape other than the model's own is the client's (422)."""
+@contextmanager
+def foreign_shape_errors(model: LoadedModel, batch: torch.Tensor) -> Iterator[None]:
+    """A forward that fails on a sample shape other than the model's own is the client's mistake (422).
+
+    Wraps any job body that runs the model, so no job needs an extra forward just to check.
+    """
     try:
-        return model.module(batch)
+        yield
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, ValueError, IndexError) as exc:
@@ -37,6 +42,12 @@ def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
         raise InvalidField(
             f"{model.name} cannot run on samples of shape {sample} (its input size is {model.input_size}): {reason}"
         ) from None
+
+
+def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
+    """`model.module(batch)` with `foreign_shape_errors`."""
+    with foreign_shape_errors(model, batch):
+        return model.module(batch)
 
 
 def to_device(
