@@ -1,7 +1,7 @@
 """The closed-loop load generator split over several processes, for servers faster than one client core.
 
-httpx costs about 1.5 ms of CPU per request, so one process tops out near 600 requests/s;
-a GPU server needs more. Each process warms up its own connections, then all start together.
+One asyncio process tops out at a few thousand small requests/s (far fewer with httpx);
+a GPU server may need more. Each process warms up its own connections, then all start together.
 """
 
 from __future__ import annotations
@@ -10,24 +10,28 @@ import asyncio
 import time
 from typing import Any
 
-from bench.loadgen import LoadResult, Phase, bounded, new_client, run_phase, summarize
+from bench.loadgen import Client, LoadResult, Phase, bounded, open_senders, run_phase, summarize
 from bench.machine import run_side_by_side
 from bench.payloads import Payload
 
 
 def _client_process(
-    url: str, payload: Payload, *, clients: int, max_requests: int, max_seconds: float, barrier: Any, out: Any
+    url: str,
+    payload: Payload,
+    *,
+    clients: int,
+    max_requests: int,
+    max_seconds: float,
+    client: Client,
+    barrier: Any,
+    out: Any,
 ) -> None:
     async def go() -> tuple[Phase, float, float]:
-        async with new_client(clients, 120.0) as client:
-            await run_phase(
-                client, url, payload, concurrency=clients, max_requests=max(3, 2 * clients), max_seconds=30.0
-            )
+        async with open_senders(client, url, payload, clients, 120.0) as senders:
+            await run_phase(senders, max_requests=max(3, 2 * clients), max_seconds=30.0)
             barrier.wait()  # blocking on purpose: nothing else runs on this loop meanwhile
             t0, cpu0 = time.perf_counter(), time.process_time()
-            phase = await run_phase(
-                client, url, payload, concurrency=clients, max_requests=max_requests, max_seconds=max_seconds
-            )
+            phase = await run_phase(senders, max_requests=max_requests, max_seconds=max_seconds)
             return phase, time.perf_counter() - t0, time.process_time() - cpu0
 
     out.put(asyncio.run(go()))
@@ -42,6 +46,7 @@ def measure_processes(
     max_requests: int = 20_000,
     max_seconds: float = 15.0,
     server_pid: int | None = None,
+    client: Client = "wire",
 ) -> LoadResult:
     """`concurrency` clients spread over `processes` processes; one merged result, CPU of all of them counted."""
     url = base_url.rstrip("/") + payload.path
@@ -49,7 +54,7 @@ def measure_processes(
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     budget = max(1, max_requests // processes)
-    kwargs = {"max_requests": budget, "max_seconds": max_seconds}
+    kwargs: dict[str, Any] = {"max_requests": budget, "max_seconds": max_seconds, "client": client}
     parts, cpu = run_side_by_side(
         _client_process,
         [((url, payload), {"clients": n, **kwargs}) for n in shares],
