@@ -27,6 +27,7 @@ def _fields(entry: Entry) -> dict[str, object]:
         "status": entry.status.value,
         "error": entry.error,
         "dtype": spec.dtype.value,
+        "memory_format": spec.memory_format.value,
         "weights": weights,
         "labels": spec.labels is not None,
         "optimizer": spec.optimizer.type if spec.optimizer is not None else None,
@@ -37,6 +38,7 @@ def _fields(entry: Entry) -> dict[str, object]:
     if model is not None:
         fields |= {
             "device": str(model.device),
+            "memory_format": "channels_last" if model.channels_last else "contiguous",
             "weights": model.weights,
             "num_parameters": model.num_parameters,
             "trainable_parameters": model.trainable_parameters,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from service.errors import InvalidField
@@ -89,7 +90,7 @@ class _Recorder:
             self._store(key, "output", t)
 
     def _store(self, key: str, side: str, t: Tensor) -> None:
-        self.captured.setdefault(key, {})[side] = t.detach().clone()
+        self.captured.setdefault(key, {})[side] = t.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _flatten(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:

@@ -27,6 +27,7 @@ class LoadedModel:
     num_parameters: int
     trainable_parameters: int
     text: str = field(repr=False)
+    channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
     compiled: nn.Module | None = field(default=None, repr=False)  # torch.compile'd forward for plain predictions
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
@@ -41,11 +42,6 @@ class LoadedModel:
         Introspection always uses `module`, whose hooks a compiled graph would not honour.
         """
         return self.compiled if self.compiled is not None else self.module
-
-    @property
-    def channels_last(self) -> bool:
-        """Convolutional models on CUDA run with NHWC inputs (faster tensor-core kernels)."""
-        return self.device.type == "cuda" and len(self.input_size) == 3
 
     @property
     def channels(self) -> int:

@@ -25,7 +25,7 @@ def run_activations(
     model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], capture: Capture, reduce: Reduce | None
 ) -> ActivationsResult:
     """Forward `inputs` with hooks on `layers` (removed before returning, even on failure)."""
-    x = to_device(inputs, model.device, model.dtype)
+    x = to_device(inputs, model)
 
     def forward() -> Any:
         with torch.inference_mode():

@@ -16,7 +16,7 @@ from service.runtime.batching import foreign_shape_errors, forward_checked, to_d
 def run_gradients(
     model: LoadedModel, inputs: torch.Tensor, layers: Sequence[str], target: TargetSpec, include_input: bool
 ) -> GradientResult:
-    x = to_device(inputs, model.device, model.dtype)
+    x = to_device(inputs, model)
     with foreign_shape_errors(model, x):
         result = compute_gradients(
             model.module, x, layers, target=target, labels=model.labels, include_input=include_input
@@ -39,7 +39,7 @@ def run_saliency(
     ig_internal_batch_size: int,
     smoothgrad_batch_size: int,
 ) -> list[SaliencyItem]:
-    x = to_device(inputs, model.device, model.dtype)
+    x = to_device(inputs, model)
     with torch.inference_mode():
         logits = class_scores(forward_checked(model, x))
     targets = resolve_targets(target, logits, model.labels)

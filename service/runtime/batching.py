@@ -17,7 +17,7 @@ def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor]) -> list[Any]:
     sizes = [int(x.shape[0]) for x in inputs]
     with torch.inference_mode():
         batch = inputs[0] if len(inputs) == 1 else torch.cat(list(inputs))
-        batch = to_device(batch, model.device, model.dtype)
+        batch = to_device(batch, model)
         output = forward_checked(model, batch)
         if len(inputs) == 1:
             return [to_cpu(output)]
@@ -50,16 +50,16 @@ def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
         return model.module(batch)
 
 
-def to_device(
-    x: torch.Tensor, device: torch.device, dtype: torch.dtype, *, channels_last: bool = False
-) -> torch.Tensor:
-    """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype."""
+def to_device(x: torch.Tensor, model: LoadedModel) -> torch.Tensor:
+    """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype;
+    NHWC when the model runs channels_last."""
+    device = model.device
     if device.type == "cuda" and not x.is_pinned():
         x = x.pin_memory()
     x = x.to(device, non_blocking=device.type == "cuda")
-    if x.is_floating_point() and x.dtype != dtype:
-        x = x.to(dtype)
-    if channels_last and x.ndim == 4:
+    if x.is_floating_point() and x.dtype != model.dtype:
+        x = x.to(model.dtype)
+    if model.channels_last and x.ndim == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return x
 

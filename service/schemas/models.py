@@ -21,6 +21,11 @@ class ModelInfo(BaseModel):
     error: str | None = None
     device: str | None = Field(None, examples=["cpu"])
     dtype: str = Field(..., examples=["float32"])
+    memory_format: str = Field(
+        ...,
+        description='"channels_last" or "contiguous" once loaded; the configured value ("auto", ...) before.',
+        examples=["channels_last"],
+    )
     weights: str = Field(..., description='File name, "random" or "DEFAULT".', examples=["lenet_digits.pt"])
     num_parameters: int | None = None
     trainable_parameters: int | None = None

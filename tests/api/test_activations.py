@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import io
 import math
@@ -23,6 +24,8 @@ from torch import Tensor, nn
 from service.codecs.pictures import feature_grid_png
 from service.config import Settings
 from service.main import create_app
+from service.registry.loader import use_channels_last
+from service.registry.spec import MemoryFormat
 from service.zoo.lenet import load_lenet
 from tests.conftest import (
     ClientFactory,
@@ -112,7 +115,14 @@ def _store(out: dict[str, dict[str, Tensor]], key: str, side: str, value: Any) -
 
 
 def direct(model: nn.Module, names: Sequence[str], x: Tensor, capture: str = "output") -> dict[str, dict[str, Tensor]]:
-    """Captures with hooks registered here: per-call numbering `name`, `name#2`; clones at hook time."""
+    """Captures with hooks registered here: per-call numbering `name`, `name#2`; clones at hook time.
+
+    The reference runs in the memory format the server picks for it (channels_last for
+    convolutional image models), so that the same kernels run and 1e-6 still holds.
+    """
+    if use_channels_last(MemoryFormat.auto, model, list(x.shape[1:])):
+        model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     out: dict[str, dict[str, Tensor]] = {}
     calls: Counter[str] = Counter()
     open_keys: dict[str, list[str]] = defaultdict(list)
