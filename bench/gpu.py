@@ -116,6 +116,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
                     max_requests=args.requests,
                     max_seconds=args.duration,
                     server_pid=server.pid,
+                    client=args.client,
                 )
             else:
                 result = measure_processes(
@@ -126,6 +127,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
                     max_requests=args.requests * 4,
                     max_seconds=args.duration,
                     server_pid=server.pid,
+                    client=args.client,
                 )
             log(f"  gpu: {format_result(result)}")
             results["points"].append(

@@ -3,7 +3,8 @@
 `forward` runs the model on a fixed tensor; `e2e` decodes the JPEG with PIL, preprocesses it
 with the service's own `preprocess_image`, stacks, runs the model and takes softmax top-5.
 `limit` runs two single-thread forward-only processes side by side: this machine's ceiling
-for the model when every core works on it.
+for the model when every core works on it. `channels_last` runs the same rows with NHWC
+weights and inputs, as the service runs convolutional models (memory_format "auto").
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class RawResult:
         return asdict(self)
 
 
-def build_model(arch: str = "resnet18", device: str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A torchvision model with seeded random weights, in eval mode on `device` and `dtype`."""
+def build_model(
+    arch: str = "resnet18", device: str = "cpu", dtype: torch.dtype = torch.float32, channels_last: bool = False
+) -> nn.Module:
+    """A torchvision model with seeded random weights, in eval mode on `device` and `dtype` (NHWC if asked)."""
     torch.manual_seed(0)
     if arch == "lenet":
         from service.zoo.lenet import LeNet
@@ -58,7 +61,16 @@ def build_model(arch: str = "resnet18", device: str = "cpu", dtype: torch.dtype 
         model: nn.Module = LeNet()
     else:
         model = torchvision.models.get_model(arch, weights=None)
-    return model.eval().to(device=device, dtype=dtype)
+    model = model.eval().to(device=device, dtype=dtype)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def _layout(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """The input in the model's memory format (NHWC when its first 4-D weight is)."""
+    weight = next((p for p in model.parameters() if p.ndim == 4), None)
+    if weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and x.ndim == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 def timed(
@@ -99,7 +111,7 @@ def forward_fn(model: nn.Module, batch: int, input_size: tuple[int, ...] = (3, 2
     """Forward only, on a fixed seeded tensor already on the model's device."""
     param = next(model.parameters())
     x = torch.randn((batch, *input_size), generator=torch.Generator().manual_seed(0))
-    x = x.to(device=param.device, dtype=param.dtype)
+    x = _layout(x.to(device=param.device, dtype=param.dtype), model)
 
     def fn() -> object:
         with torch.inference_mode():
@@ -127,7 +139,7 @@ def e2e_fn(model: nn.Module, jpeg: bytes, batch: int, pool: ThreadPoolExecutor |
     def fn() -> object:
         samples = list(pool.map(decode, [jpeg] * batch)) if pool else [decode(jpeg) for _ in range(batch)]
         with torch.inference_mode():
-            x = torch.stack(samples).to(device=param.device, dtype=param.dtype, non_blocking=True)
+            x = _layout(torch.stack(samples).to(device=param.device, dtype=param.dtype, non_blocking=True), model)
             probs = torch.softmax(model(x).float(), dim=1)
             top = torch.topk(probs, 5, dim=1)
             return top.values.tolist(), top.indices.tolist()
@@ -148,6 +160,7 @@ def run_raw(
     dtype: torch.dtype = torch.float32,
     decode_threads: int = 1,
     on_thread: bool = False,
+    channels_last: bool = False,
 ) -> RawResult:
     """One in-process point with `threads` intra-op threads (and the model on `device` in `dtype`).
 
@@ -155,7 +168,17 @@ def run_raw(
     """
     if on_thread:
         box: list[RawResult] = []
-        job = partial(run_raw, arch, mode, batch=batch, threads=threads, jpeg=jpeg, seconds=seconds, warmup=warmup)
+        job = partial(
+            run_raw,
+            arch,
+            mode,
+            batch=batch,
+            threads=threads,
+            jpeg=jpeg,
+            seconds=seconds,
+            warmup=warmup,
+            channels_last=channels_last,
+        )
         worker = threading.Thread(target=lambda: box.append(job()), name="raw-executor")
         worker.start()
         worker.join()
@@ -164,14 +187,14 @@ def run_raw(
         box[0].name += ", on a worker thread"
         return box[0]
     torch.set_num_threads(threads)
-    model = build_model(arch, device, dtype)
+    model = build_model(arch, device, dtype, channels_last)
     size = (3, 32, 32) if arch == "lenet" else (3, 224, 224)
     label = "decode+preprocess+forward" if mode == "e2e" else "forward only"
     if device == "cpu":
         where = f"{threads} thread{'s' if threads > 1 else ''}"
     else:
         where = f"{device} {str(dtype).removeprefix('torch.')}, decode on {decode_threads} threads"
-    name = f"raw {arch} {label}, batch {batch}, {where}"
+    name = f"raw {arch} {label}, batch {batch}, {where}{', channels_last' if channels_last else ''}"
     with ThreadPoolExecutor(decode_threads) as pool:
         fn = (
             forward_fn(model, batch, size)
@@ -181,9 +204,9 @@ def run_raw(
         return timed(name, fn, mode=mode, batch=batch, warmup=warmup, max_iters=100_000, max_seconds=seconds)
 
 
-def _limit_worker(arch: str, batch: int, seconds: float, *, barrier: Any, out: Any) -> None:
+def _limit_worker(arch: str, batch: int, seconds: float, channels_last: bool, *, barrier: Any, out: Any) -> None:
     torch.set_num_threads(1)
-    model = build_model(arch)
+    model = build_model(arch, channels_last=channels_last)
     fn = forward_fn(model, batch)
     for _ in range(2):
         fn()
@@ -197,11 +220,13 @@ def _limit_worker(arch: str, batch: int, seconds: float, *, barrier: Any, out: A
     out.put((n * batch, time.perf_counter() - t0, time.process_time() - cpu0))
 
 
-def run_limit(arch: str = "resnet18", batch: int = 8, seconds: float = 10.0, processes: int = 2) -> RawResult:
+def run_limit(
+    arch: str = "resnet18", batch: int = 8, seconds: float = 10.0, processes: int = 2, channels_last: bool = False
+) -> RawResult:
     """`processes` single-thread forward-only processes side by side; images/s is their sum."""
     parts, cpu = run_side_by_side(
         _limit_worker,
-        [((arch, batch, seconds), {}) for _ in range(processes)],
+        [((arch, batch, seconds, channels_last), {}) for _ in range(processes)],
         watch=None,
         start_timeout=300,
         result_timeout=seconds + 300,
@@ -209,7 +234,8 @@ def run_limit(arch: str = "resnet18", batch: int = 8, seconds: float = 10.0, pro
     rate = sum(images / wall for images, wall, _ in parts)
     workers = sum(c for _, _, c in parts) / max(w for _, w, _ in parts)
     return RawResult(
-        name=f"raw {arch} forward only, {processes} single-thread processes side by side, batch {batch}",
+        name=f"raw {arch} forward only, {processes} single-thread processes side by side, batch {batch}"
+        + (", channels_last" if channels_last else ""),
         mode="limit",
         batch=batch,
         threads=1,

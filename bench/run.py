@@ -26,7 +26,7 @@ import httpx
 
 from bench import gpu, raw_torch
 from bench.configs import SETUPS, Setup
-from bench.loadgen import LoadResult, format_result, measure
+from bench.loadgen import Client, LoadResult, format_result, measure
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
 from bench.payloads import Payload
 from bench.report import batches, comparison_table, evaluate_targets, render_markdown, targets_table
@@ -41,10 +41,16 @@ from bench.workload import (
 )
 
 HERE = Path(__file__).resolve().parent
+CLIENTS: dict[str, str] = {
+    "wire": "lean bench.wire HTTP/1.1 client (prebuilt request bytes)",
+    "httpx": "httpx AsyncClient (as TorchServe's numbers were taken)",
+}
 R = TypeVar("R", LoadResult, raw_torch.RawResult)
 
-# key: (model, mode, batch, torch threads); the limit row (two single-thread processes) is run apart.
+# key: (model, mode, batch, torch threads); the limit rows (two single-thread processes) are run apart.
 # `-thread` rows run on a fresh thread that sets its own torch thread count, as the service's executors do.
+# `-cl` rows run NHWC (channels_last), as the service runs convolutional models by default: the issue's
+# targets divide by the plain rows, and the report also divides by these (same kernels as the server).
 RAW_ROWS: dict[str, tuple[str, str, int, int]] = {
     "forward-b1-t2": ("resnet18", "forward", 1, 2),
     "forward-b1-t2-thread": ("resnet18", "forward", 1, 2),
@@ -54,6 +60,12 @@ RAW_ROWS: dict[str, tuple[str, str, int, int]] = {
     "forward-b1-t1": ("resnet18", "forward", 1, 1),
     "e2e-b1-t1": ("resnet18", "e2e", 1, 1),
     "lenet-forward-b1-t1": ("lenet", "forward", 1, 1),
+    "forward-b1-t2-cl": ("resnet18", "forward", 1, 2),
+    "forward-b8-t2-cl": ("resnet18", "forward", 8, 2),
+    "e2e-b1-t2-cl": ("resnet18", "e2e", 1, 2),
+    "e2e-b8-t2-cl": ("resnet18", "e2e", 8, 2),
+    "forward-b1-t1-cl": ("resnet18", "forward", 1, 1),
+    "e2e-b1-t1-cl": ("resnet18", "e2e", 1, 1),
 }
 
 
@@ -67,6 +79,7 @@ class Plan:
     idle_wait_s: float
     retries: int
     ig_requests: int
+    client: Client = "wire"
 
 
 def log(msg: str) -> None:
@@ -106,11 +119,14 @@ def run_raw(plan: Plan, jpeg: bytes) -> dict[str, Any]:
             jpeg=jpeg,
             seconds=plan.raw_s / 2 if arch == "lenet" else plan.raw_s,
             on_thread=key.endswith("-thread"),
+            channels_last=key.endswith("-cl"),
         )
         result, _ = quietest(run, plan, describe)
         out[key] = result.to_dict()
-    result, _ = quietest(lambda: raw_torch.run_limit("resnet18", 8, plan.raw_s, 2), plan, describe)
-    out["limit-b8"] = result.to_dict()
+    for key, channels_last in (("limit-b8", False), ("limit-b8-cl", True)):
+        limit = partial(raw_torch.run_limit, "resnet18", 8, plan.raw_s, 2, channels_last)
+        result, _ = quietest(limit, plan, describe)
+        out[key] = result.to_dict()
     return out
 
 
@@ -150,6 +166,7 @@ def measure_config(setup: Setup, plan: Plan, port: int, workdir: Path, inputs: I
                     warmup_requests=warmup,
                     server_pid=server.pid,
                     counters=server.batch_counters,
+                    client=plan.client,
                 )
 
             result, attempt = quietest(run, plan, lambda r: f"  {cfg.name}: {format_result(r)}{batch_text(r)}")
@@ -189,6 +206,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON here")
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
+    ap.add_argument(
+        "--client",
+        choices=["wire", "httpx"],
+        default="wire",
+        help="load generator's HTTP client: wire (lean, default) or httpx (as TorchServe was measured)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.duration, args.raw_duration, args.retries = min(args.duration, 3.0), min(args.raw_duration, 3.0), 0
@@ -207,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the server by PID on `kill` too
     if args.gpu:
         return gpu.main(args, log)
-    plan = Plan(args.duration, args.raw_duration, args.requests, args.idle_wait, args.retries, 1 if args.quick else 5)
+    ig = 1 if args.quick else 5
+    plan = Plan(args.duration, args.raw_duration, args.requests, args.idle_wait, args.retries, ig, args.client)
     inputs = make_inputs()
     setups = [SETUPS[name] for name in args.configs]
     results: dict[str, Any] = {
@@ -217,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": package_versions(),
         "input": inputs.describe(),
         "load": (
-            f"closed loop, httpx AsyncClient in the benchmark process, keep-alive, one connection per client; each "
+            f"closed loop, asyncio in the benchmark process with the {CLIENTS[plan.client]}, keep-alive, one "
+            f"connection per client; each "
             f"point min({plan.duration_s:g} s, {plan.max_requests} requests; integrated gradients "
             f"{plan.ig_requests}) after a warm-up of 2 x clients requests; before each point a wait for an idle "
             f"machine (< 0.10 cores busy over 2 s, at most {plan.idle_wait_s:g} s); raw rows {plan.raw_s:g} s each"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -15,15 +17,16 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bench.loadgen import check_loopback, measure
+from bench.loadgen import Client, check_loopback, measure
 from bench.machine import CpuMeter, wait_idle
 from bench.payloads import json_payload, multipart_payload
 from bench.report import batches, comparison_table, cpu_table, evaluate_targets, render_markdown
 from bench.server import BATCH_METRIC
 from bench.stats import latency_summary, percentile
+from bench.wire import Connection, build_request
 
 
 class Tiny:
@@ -37,6 +40,9 @@ class Tiny:
                 Route("/ok", self.ok, methods=["POST"]),
                 Route("/form", self.form, methods=["POST"]),
                 Route("/busy", self.busy, methods=["POST"]),
+                Route("/chunked", self.chunked, methods=["POST"]),
+                Route("/close", self.close, methods=["POST"]),
+                Route("/big", self.big, methods=["POST"]),
             ]
         )
         self.sock = socket.socket()
@@ -59,6 +65,22 @@ class Tiny:
     async def busy(self, request: Request) -> Response:
         return JSONResponse({"detail": "queue full"}, status_code=503, headers={"Retry-After": "1"})
 
+    async def chunked(self, request: Request) -> Response:
+        async def parts() -> AsyncIterator[bytes]:
+            for i in range(3):
+                yield f"part{i};".encode()
+
+        return StreamingResponse(parts())  # no Content-Length: Transfer-Encoding chunked
+
+    async def close(self, request: Request) -> Response:
+        return Response(b"bye", headers={"Connection": "close"})
+
+    async def big(self, request: Request) -> Response:
+        return Response(BIG)
+
+
+BIG = bytes(range(256)) * (5 * 4096)  # 5 MiB
+
 
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[Tiny]:
@@ -73,10 +95,20 @@ def tiny() -> Iterator[Tiny]:
     server.sock.close()
 
 
-def test_loadgen_closed_loop_against_live_server(tiny: Tiny) -> None:
+@pytest.mark.parametrize("client", ["wire", "httpx"])
+def test_loadgen_closed_loop_against_live_server(tiny: Tiny, client: Client) -> None:
     payload = json_payload("ok", "/ok", {"model": "m", "inputs": [1, 2]}, images=2)
     tiny.bodies.clear()
-    r = measure(tiny.url, payload, 4, max_requests=100_000, max_seconds=1.0, warmup_requests=8, server_pid=os.getpid())
+    r = measure(
+        tiny.url,
+        payload,
+        4,
+        max_requests=100_000,
+        max_seconds=1.0,
+        warmup_requests=8,
+        server_pid=os.getpid(),
+        client=client,
+    )
     assert r.ok > 20
     assert r.errors == {}
     assert r.sent == r.ok
@@ -98,6 +130,25 @@ def test_loadgen_bounded_by_count_and_multipart_arrives_as_a_form(tiny: Tiny) ->
     r = measure(tiny.url, payload, 2, max_requests=7, max_seconds=30.0, warmup_requests=0)
     assert (r.sent, r.ok) == (7, 7)
     assert tiny.forms == [("resnet18", len(jpeg))] * 7
+
+
+@pytest.mark.parametrize(("path", "body"), [("/chunked", b"part0;part1;part2;"), ("/close", b"bye"), ("/big", BIG)])
+def test_wire_client_reads_chunked_closing_and_large_answers(tiny: Tiny, path: str, body: bytes) -> None:
+    async def go() -> list[bytes]:
+        parts = urlsplit(tiny.url)
+        host, port = parts.hostname or "", parts.port or 0
+        conn = Connection(host, port)
+        request = build_request(host, port, path, {"content-type": "application/json"}, b"{}")
+        try:
+            answers = [await conn.send(request) for _ in range(3)]  # keep-alive, or reopened after a close
+        finally:
+            await conn.close()
+        assert {a.status for a in answers} == {200}
+        return [a.body for a in answers]
+
+    assert asyncio.run(go()) == [body] * 3
+    r = measure(tiny.url, json_payload("p", path, {}), 2, max_requests=10, max_seconds=10.0, warmup_requests=0)
+    assert (r.ok, r.errors, r.response_bytes) == (10, {}, len(body))
 
 
 def test_loadgen_counts_http_errors(tiny: Tiny) -> None:
