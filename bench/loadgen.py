@@ -33,7 +33,7 @@ from bench.stats import latency_summary
 from bench.wire import Connection, WireError, build_request
 
 Client = Literal["wire", "httpx"]
-Send = Callable[[], Awaitable[tuple[int, bytes]]]
+Send = Callable[[], Awaitable[tuple[int, bytes | memoryview]]]
 
 HARD_MAX_REQUESTS = 100_000
 HARD_MAX_SECONDS = 600.0
@@ -118,12 +118,12 @@ async def run_phase(senders: Sequence[Send], *, max_requests: int, max_seconds: 
             if status == 200:
                 phase.lat_ms.append(elapsed)
                 if not phase.sample:
-                    phase.sample = body
+                    phase.sample = bytes(body[:200])
                     phase.response_bytes = len(body)
             else:
                 key = f"HTTP {status}"
                 phase.errors[key] = phase.errors.get(key, 0) + 1
-                phase.first_error = phase.first_error or f"{key}: {body[:300].decode('utf-8', 'replace')}"
+                phase.first_error = phase.first_error or f"{key}: {bytes(body[:300]).decode('utf-8', 'replace')}"
 
     await asyncio.gather(*(one_client(send) for send in senders))
     return phase
@@ -137,7 +137,7 @@ async def open_senders(
     if client == "httpx":
         async with new_client(concurrency, timeout_s) as http:
 
-            async def post() -> tuple[int, bytes]:
+            async def post() -> tuple[int, bytes | memoryview]:
                 response = await http.post(url, content=payload.content, headers=payload.headers)
                 return response.status_code, response.content
 
@@ -149,7 +149,7 @@ async def open_senders(
     connections = [Connection(host, port) for _ in range(concurrency)]
 
     def sender(conn: Connection) -> Send:
-        async def send() -> tuple[int, bytes]:
+        async def send() -> tuple[int, bytes | memoryview]:
             try:
                 async with asyncio.timeout(timeout_s):
                     answer = await conn.send(request)
