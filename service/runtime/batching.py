@@ -54,7 +54,7 @@ def to_device(x: torch.Tensor, model: LoadedModel) -> torch.Tensor:
     """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype;
     NHWC when the model runs channels_last."""
     device = model.device
-    if device.type == "cuda" and not x.is_pinned():
+    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():  # GPU-decoded JPEGs are there already
         x = x.pin_memory()
     x = x.to(device, non_blocking=device.type == "cuda")
     if x.is_floating_point() and x.dtype != model.dtype:
