@@ -204,7 +204,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--out", type=Path, default=None, help="markdown report (default bench/RESULTS.md; none with --quick)"
     )
-    ap.add_argument("--json", type=Path, default=None, help="also write the raw results as JSON here")
+    ap.add_argument("--json", type=Path, default=None, help="the results as JSON (default: beside the report, .json)")
+    ap.add_argument("--notes", type=Path, default=None, help="Markdown to append to the report as its Notes")
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
     ap.add_argument(
         "--client",
@@ -218,6 +219,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.idle_wait = min(args.idle_wait, 10.0)
     if args.out is None and not args.quick:
         args.out = HERE / ("RESULTS_GPU.md" if args.gpu else "RESULTS.md")
+    if args.json is None and args.out is not None:
+        args.json = args.out.with_suffix(".json")
     return args
 
 
@@ -250,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "configs": {s.config.name: {"description": s.config.description, "env": s.config.env} for s in setups},
         "raw": {},
         "points": [],
+        "notes": args.notes.read_text() if args.notes is not None else "",
     }
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-") as tmp:
         if not args.skip_raw:

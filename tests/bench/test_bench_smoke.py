@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +26,7 @@ from bench.loadgen import Client, check_loopback, measure
 from bench.machine import CpuMeter, wait_idle
 from bench.payloads import json_payload, multipart_payload
 from bench.report import batches, comparison_table, cpu_table, evaluate_targets, render_markdown
+from bench.report import main as report_main
 from bench.server import BATCH_METRIC
 from bench.stats import latency_summary, percentile
 from bench.wire import Connection, build_request
@@ -266,6 +269,32 @@ def _fake_results() -> dict[str, Any]:
     }
 
 
+def test_one_client_target_uses_the_raw_row_with_the_configs_thread_count() -> None:
+    results = _fake_results()
+    results["raw"]["e2e-b1-t1"] = _raw("raw e2e b1 t1", 20.0, 50.0)
+    results["raw"]["e2e-b1-t2-cl"] = _raw("raw e2e b1 cl", 35.0, 29.0)
+    results["configs"]["throughput"]["env"]["HOOKSERVE_TORCH_THREADS"] = "1"
+    got = {t.name: (t.limit, t.verdict) for t in evaluate_targets(results) if "JPEG, 1 client p50" in t.name}
+    assert got == {"/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 (1 thread) p50 + 2": (52.0, "pass")}
+    results["configs"]["throughput"]["env"]["HOOKSERVE_TORCH_THREADS"] = "2"
+    got = {t.name: (t.limit, t.verdict) for t in evaluate_targets(results) if "JPEG, 1 client p50" in t.name}
+    assert got == {
+        "/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 (2 threads) p50 + 2": (33.6, "pass"),
+        "/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 (2 threads) p50 + 2 [raw channels_last]": (31.0, "FAIL"),
+    }
+
+
+def test_report_rerendered_from_json_with_notes(tmp_path: Path) -> None:
+    data = tmp_path / "RESULTS.json"
+    data.write_text(json.dumps(_fake_results()))
+    notes = tmp_path / "notes.md"
+    notes.write_text("Measured by hand: **42**.\n")
+    report_main([str(data), "--notes", str(notes)])
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert md.endswith("## Notes\n\nMeasured by hand: **42**.\n")
+    assert json.loads(data.read_text())["notes"] == "Measured by hand: **42**.\n"
+
+
 def test_batch_metrics_parse() -> None:
     text = 'hookserve_batch_size_count{model="resnet18"} 12.0'
     found = BATCH_METRIC.match(text)
@@ -281,7 +310,7 @@ def test_targets_on_fake_numbers() -> None:
         "/predict JPEG, 8 clients / raw e2e batch 8": (1.0, "pass"),
         "/predict JPEG, 32 clients / raw e2e batch 8": (1.025, "pass"),
         "/predict JPEG, 32 clients / two single-thread forward limit": (round(41 / 44, 4), "FAIL"),
-        "/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 p50 + 2": (33.0, "pass"),
+        "/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 (2 threads) p50 + 2": (33.0, "pass"),
         "lenet /predict, 1 client p50 (ms)": (2.5, "pass"),
         "/activations every Conv2d, safetensors / /predict (tensor) p50": (round(40 / 30, 4), "FAIL"),
         "/saliency gradcam / /predict (tensor) p50": (round(95 / 30, 4), "FAIL"),
