@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from service.registry.weights import load_into, load_optimizer_state, read_weigh
 
 IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
 COMPILE_BACKEND = "inductor"
+log = logging.getLogger("hookserve.loader")
 
 
 def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
@@ -56,11 +58,8 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         load_optimizer_state(optimizer, optimizer_state, str(spec.weights))
     labels = read_labels(resolve_under(model_dir, spec.labels)) if spec.labels else None
     preprocess, input_size = resolve_preprocess(spec, module)
-    channels_last = use_channels_last(spec.memory_format, module, input_size)
-    if channels_last:  # parameters keep their identity, so the optimizer built above still holds them
-        module.to(memory_format=torch.channels_last)
     try:
-        num_classes = warm_up(module, input_size, device, dtype)
+        num_classes, channels_last = warm_up_in_format(spec.memory_format, module, input_size, device, dtype)
     except (RuntimeError, ValueError, IndexError) as exc:
         if spec.input_size is not None or isinstance(exc, torch.OutOfMemoryError):
             raise
@@ -71,7 +70,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         ) from None
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
-    compiled = compile_module(module, input_size, device, dtype) if spec.compile else None
+    compiled = compile_module(module, input_size, device, dtype, channels_last) if spec.compile else None
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -92,6 +91,30 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
     )
 
 
+def warm_up_in_format(
+    memory_format: MemoryFormat, module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype
+) -> tuple[int | None, bool]:
+    """Put the module in its memory format and warm it up: (number of classes or None, channels_last).
+
+    NHWC is only an optimization, so under `auto` a model that cannot run it (a `.view` after a
+    convolution needs NCHW strides) goes back to NCHW instead of failing to load. Parameters keep
+    their identity either way, so an optimizer built over them still holds them.
+    """
+    if use_channels_last(memory_format, module, input_size):
+        module.to(memory_format=torch.channels_last)
+        try:
+            return warm_up(module, input_size, device, dtype, channels_last=True), True
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, ValueError, IndexError) as exc:
+            if memory_format is not MemoryFormat.auto:
+                raise
+            reason = next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+            log.info("model does not run channels_last (%s); it runs contiguous", reason)
+            module.to(memory_format=torch.contiguous_format)
+    return warm_up(module, input_size, device, dtype), False
+
+
 def use_channels_last(memory_format: MemoryFormat, module: nn.Module, input_size: list[int]) -> bool:
     """NHWC for image models with convolutions unless the spec says otherwise.
 
@@ -103,10 +126,12 @@ def use_channels_last(memory_format: MemoryFormat, module: nn.Module, input_size
     return len(input_size) == 3 and any(isinstance(m, nn.Conv2d) for m in module.modules())
 
 
-def compile_module(module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype) -> nn.Module:
+def compile_module(
+    module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype, channels_last: bool
+) -> nn.Module:
     """`torch.compile` for plain predictions (batch size dynamic), compiled now rather than on a request."""
     compiled: nn.Module = torch.compile(module, dynamic=True, backend=COMPILE_BACKEND)  # type: ignore[assignment]
-    warm_up(compiled, input_size, device, dtype)
+    warm_up(compiled, input_size, device, dtype, channels_last)
     return compiled
 
 
@@ -155,9 +180,13 @@ def _timm_data_config(module: nn.Module) -> dict[str, Any] | None:
     return cfg
 
 
-def warm_up(module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype) -> int | None:
+def warm_up(
+    module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype, channels_last: bool = False
+) -> int | None:
     """One forward on zeros: proves the model runs and tells whether it outputs class scores."""
     x = torch.zeros((1, *input_size), device=device, dtype=dtype)
+    if channels_last and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         out = module(x)
     if isinstance(out, torch.Tensor) and out.ndim == 2:

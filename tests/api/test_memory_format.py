@@ -27,6 +27,24 @@ class Mlp(nn.Module):
         return self.fc(x.flatten(1))
 """
 
+VIEWER_PY = """
+import torch
+from torch import nn
+
+
+class Viewer(nn.Module):
+    \"\"\"Flattens with `.view`, which needs NCHW strides after the convolution.\"\"\"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.fc(y.view(y.shape[0], -1))
+"""
+
 CONFIG = """
 [[models]]
 name = "auto"
@@ -69,6 +87,23 @@ def logits(client: TestClient, model: str, x: torch.Tensor) -> torch.Tensor:
     response = client.post("/predict", json=body)
     assert response.status_code == 200, response.text
     return torch.tensor(response.json()["predictions"][0]["logits"])
+
+
+def test_auto_falls_back_to_contiguous_for_models_that_need_nchw(tmp_path: Path, make_client: ClientFactory) -> None:
+    (tmp_path / "viewer.py").write_text(VIEWER_PY)
+    entry = 'source = "python"\narchitecture = "viewer.py:Viewer"\ninput_size = [3, 6, 6]\n'
+    config = (
+        f'[[models]]\nname = "auto"\n{entry}\n[[models]]\nname = "forced"\n{entry}memory_format = "channels_last"\n'
+    )
+    client = make_client(config, device="cpu")
+    auto = client.get("/models/auto").json()
+    assert (auto["status"], auto["memory_format"]) == ("ready", "contiguous")
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 6)
+    assert logits(client, "auto", x).shape == (2,)
+    failed = client.get("/models/forced").json()
+    assert failed["status"] == "failed"
+    assert "view" in failed["error"]
 
 
 def test_info_reports_the_memory_format_each_model_runs_in(client: TestClient) -> None:
