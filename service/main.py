@@ -15,7 +15,7 @@ from service import __version__
 from service.api import activations, attribution, checkpoints, health, introspect, models, predict, v2
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
-from service.api.metrics import batch_observer, removal_observer
+from service.api.metrics import job_observer, removal_observer
 from service.api.observability import install_observability
 from service.api.openapi import install_openapi
 from service.api.state import AppState
@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = Registry(settings, on_batch=batch_observer(app), on_remove=removal_observer(app))
+        registry = Registry(settings, on_job=job_observer(app), on_remove=removal_observer(app))
         pool = ThreadPoolExecutor(
             max_workers=max(1, settings.decode_threads),
             thread_name_prefix="hookserve-decode",

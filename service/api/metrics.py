@@ -1,8 +1,9 @@
 """Prometheus metrics: one CollectorRegistry per app (tests build many apps), `GET /metrics`.
 
 Request counters and histograms are updated by the observability middleware and the
-executors' batch callback; model state, load time, queue depth and device memory are read
-from the Registry at scrape time by a custom collector, so they are never stale.
+executors' job callback (batch sizes, time queued, time running); model state, load time,
+queue depth and device memory are read from the Registry at scrape time by a custom
+collector, so they are never stale.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from service.registry.registry import Registry, Status
+from service.runtime.executor import JobObserver, JobRecord
+from service.runtime.jobs import JobKind
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -95,20 +98,45 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self.queued = Histogram(
+            "hookserve_job_queue_seconds",
+            "Time a job waited from entering the model's queue until it ran (batching delay, model lock and "
+            "threads included), by model and job kind (predict, exclusive: hooks, shared).",
+            ["model", "kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.compute = Histogram(
+            "hookserve_job_compute_seconds",
+            "Time a prediction batch or a job ran on the model, by model and job kind.",
+            ["model", "kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(RegistryCollector(source))
 
     def observe_request(self, route: str, method: str, model: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, model, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
-    def observe_batch(self, model: str, size: int) -> None:
-        """The executors' `on_batch` callback (called on worker threads; prometheus-client is thread-safe)."""
-        self.batch_size.labels(model).observe(size)
+    def observe_job(self, record: JobRecord) -> None:
+        """The executors' `on_job` callback (called on worker threads; prometheus-client is thread-safe)."""
+        kind = record.kind.value
+        if record.kind is JobKind.predict:
+            self.batch_size.labels(record.model).observe(record.samples)
+        queued = self.queued.labels(record.model, kind)
+        for seconds in record.waited_s:
+            queued.observe(seconds)
+        self.compute.labels(record.model, kind).observe(record.ran_s)
 
     def forget_model(self, name: str) -> None:
-        """The registry's `on_remove` callback: an unloaded model's batch-size series goes with it."""
+        """The registry's `on_remove` callback: an unloaded model's series go with it."""
         with contextlib.suppress(KeyError):
             self.batch_size.remove(name)
+        for histogram in (self.queued, self.compute):
+            for kind in JobKind:
+                with contextlib.suppress(KeyError):
+                    histogram.remove(name, kind.value)
 
     def knows_model(self, name: str) -> bool:
         registry = self.source()
@@ -140,9 +168,9 @@ def metrics_of(app: FastAPI) -> Metrics:
     return metrics
 
 
-def batch_observer(app: FastAPI) -> Callable[[str, int], None]:
-    """Pass as `Registry(settings, on_batch=batch_observer(app))`: feeds `hookserve_batch_size`."""
-    return metrics_of(app).observe_batch
+def job_observer(app: FastAPI) -> JobObserver:
+    """Pass as `Registry(settings, on_job=job_observer(app))`: feeds the batch-size and job-time histograms."""
+    return metrics_of(app).observe_job
 
 
 def removal_observer(app: FastAPI) -> Callable[[str], None]:

@@ -16,7 +16,7 @@ from service.errors import Conflict, ModelLoadError, NotFound
 from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
 from service.registry.spec import ModelSpec
-from service.runtime.executor import BatchObserver, ExecutorConfig, ModelExecutor, release_device_memory
+from service.runtime.executor import ExecutorConfig, JobObserver, ModelExecutor, release_device_memory
 from service.runtime.threads import ThreadBudget, pin_torch_threads
 
 log = logging.getLogger("hookserve.registry")
@@ -54,7 +54,7 @@ class Registry:
     def __init__(
         self,
         settings: Settings,
-        on_batch: BatchObserver | None = None,
+        on_job: JobObserver | None = None,
         on_remove: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
@@ -62,7 +62,7 @@ class Registry:
         self._loader = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="hookserve-loader", initializer=pin_torch_threads, initargs=(1,)
         )
-        self._on_batch = on_batch
+        self._on_job = on_job
         self._on_remove = on_remove
         self.retired: dict[str, Retired] = {}  # removed models, so a repository load can bring them back
         self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
@@ -120,7 +120,7 @@ class Registry:
             max_queue=s.max_queue,
             timeout_s=s.request_timeout_s,
         )
-        entry.executor = ModelExecutor(model, config, self._on_batch, self.budget)
+        entry.executor = ModelExecutor(model, config, self._on_job, self.budget)
         entry.model = model
         entry.load_seconds = time.perf_counter() - started
         entry.status = Status.ready

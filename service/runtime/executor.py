@@ -50,7 +50,18 @@ class ExecutorStats:
     exclusive_jobs: int = 0
 
 
-BatchObserver = Callable[[str, int], None]
+@dataclass(frozen=True)
+class JobRecord:
+    """What an executor reports after each batch or job (for metrics): where its time went."""
+
+    model: str
+    kind: JobKind
+    samples: int  # inputs in a prediction batch; 0 for other jobs
+    waited_s: tuple[float, ...]  # per job: queued -> began (batching delay, lock and thread waits included)
+    ran_s: float  # began -> done: the batch or job running on the model
+
+
+JobObserver = Callable[[JobRecord], None]
 
 
 class ModelExecutor:
@@ -60,7 +71,7 @@ class ModelExecutor:
         self,
         model: LoadedModel,
         config: ExecutorConfig,
-        on_batch: BatchObserver | None = None,
+        on_job: JobObserver | None = None,
         budget: ThreadBudget | None = None,
     ) -> None:
         self.model = model
@@ -72,7 +83,7 @@ class ModelExecutor:
         self._lock = ReadWriteLock()
         self._incoming = 0
         self._incoming_lock = threading.Lock()
-        self._on_batch = on_batch
+        self._on_job = on_job
         self._threads = [
             threading.Thread(target=self._work, name=f"hookserve-{model.name}-{i}", daemon=True)
             for i in range(max(1, config.threads))
@@ -150,15 +161,21 @@ class ModelExecutor:
             len(self._queue) == 0 and self._incoming == 0 and self._lock.readers == 0 and not self._lock.writer_active
         )
 
-    def _call(self, fn: Callable[[], T], lock: Callable[[], AbstractContextManager[None]]) -> T:
+    def _call(self, fn: Callable[[], T], lock: Callable[[], AbstractContextManager[None]]) -> tuple[T, float]:
         """Run `fn` holding `lock`; CPU models within the process's thread budget (taken first, so a
-        job can tell whether it runs alone), GPU models on this driver thread."""
+        job can tell whether it runs alone), GPU models on this driver thread.
+
+        Returns `fn`'s result and the moment it began: once it held the lock and its threads."""
+        began = 0.0
 
         def locked() -> T:
+            nonlocal began
             with lock():
+                began = time.perf_counter()
                 return fn()
 
-        return self._budget.run(locked, self._alone) if self._uses_cpu_threads else locked()
+        result = self._budget.run(locked, self._alone) if self._uses_cpu_threads else locked()
+        return result, began
 
     def _work(self) -> None:
         pin_torch_threads(1)
@@ -172,19 +189,24 @@ class ModelExecutor:
             elif job.future.set_running_or_notify_cancel():
                 self._run_function(job)
 
+    def _report(self, kind: JobKind, jobs: list[Job], samples: int, began: float) -> None:
+        if self._on_job is not None:
+            waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
+            self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
+
     def _run_predict(self, jobs: list[Job]) -> None:
         try:
             inputs = [j.inputs for j in jobs if j.inputs is not None]
-            outputs = self._call(lambda: run_batch(self.model, inputs), self._lock.shared)
+            outputs, began = self._call(lambda: run_batch(self.model, inputs), self._lock.shared)
         except BaseException as exc:  # every waiter must hear about the failure
             error = _domain_error(exc, self.model)
             for job in jobs:
                 job.future.set_exception(error)
             return
+        samples = sum(j.size for j in jobs)
         self.stats.batches += 1
-        self.stats.batched_samples += sum(j.size for j in jobs)
-        if self._on_batch is not None:
-            self._on_batch(self.model.name, sum(j.size for j in jobs))
+        self.stats.batched_samples += samples
+        self._report(JobKind.predict, jobs, samples, began)
         for job, output in zip(jobs, outputs, strict=True):
             try:
                 job.future.set_result(job.post(output) if job.post is not None else output)
@@ -195,12 +217,13 @@ class ModelExecutor:
         assert job.fn is not None  # exclusive and shared jobs always carry a function
         lock = self._lock.exclusive if job.kind is JobKind.exclusive else self._lock.shared
         try:
-            result = self._call(job.fn, lock)
+            result, began = self._call(job.fn, lock)
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
             return
         if job.kind is JobKind.exclusive:
             self.stats.exclusive_jobs += 1
+        self._report(job.kind, [job], 0, began)
         job.future.set_result(result)
 
 

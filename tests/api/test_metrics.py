@@ -13,10 +13,12 @@ from fastapi.testclient import TestClient
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api.metrics import batch_observer, device_memory_families, metrics_of
+from service.api.metrics import device_memory_families, job_observer, metrics_of
 from service.api.observability import ObservabilityMiddleware, install_observability
 from service.config import Settings
 from service.main import create_app
+from service.runtime.executor import JobRecord
+from service.runtime.jobs import JobKind
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -108,9 +110,25 @@ def test_predict_moves_request_latency_and_batch_metrics(client: TestClient) -> 
         - value(before, "hookserve_batch_size_sum", model="lenet")
         == 6
     )
+    for name in ("hookserve_job_queue_seconds_count", "hookserve_job_compute_seconds_count"):
+        assert (
+            value(after, name, model="lenet", kind="predict") - value(before, name, model="lenet", kind="predict") == 2
+        )
+    ran = "hookserve_job_compute_seconds_sum"
+    assert value(after, ran, model="lenet", kind="predict") > value(before, ran, model="lenet", kind="predict")
     bucket = "hookserve_batch_size_bucket"
     assert value(after, bucket, model="lenet", le="2.0") == value(before, bucket, model="lenet", le="2.0")
     assert value(after, bucket, model="lenet", le="4.0") - value(before, bucket, model="lenet", le="4.0") == 2
+
+
+def test_hook_jobs_are_timed_as_exclusive(client: TestClient) -> None:
+    count = "hookserve_job_compute_seconds_count"
+    before = value(scrape(client), count, model="lenet", kind="exclusive")
+    body = {"model": "lenet", "inputs": lenet_inputs(1), "layers": ["conv1"], "format": "stats"}
+    assert client.post("/activations", json=body).status_code == 200
+    after = scrape(client)
+    assert value(after, count, model="lenet", kind="exclusive") == before + 1
+    assert value(after, "hookserve_job_queue_seconds_count", model="lenet", kind="exclusive") >= 1
 
 
 def test_requests_are_labelled_by_route_template_and_model(client: TestClient) -> None:
@@ -178,7 +196,9 @@ def test_an_unloaded_model_takes_its_batch_series_with_it(tmp_path: Path) -> Non
         assert value(scrape(c), "hookserve_batch_size_count", model="tiny") == 1
         assert c.delete("/models/tiny", headers={"Authorization": "Bearer t"}).status_code == 200
         samples = scrape(c)
-    assert not any(("model", "tiny") in labels for name, labels in samples if name.startswith("hookserve_batch"))
+    assert not any(
+        ("model", "tiny") in labels for name, labels in samples if name.startswith(("hookserve_batch", "hookserve_job"))
+    )
 
 
 def test_install_is_idempotent(tmp_path: Path) -> None:
@@ -191,8 +211,14 @@ def test_install_is_idempotent(tmp_path: Path) -> None:
     labels = {"route": "/healthz", "method": "GET", "model": "", "status": "200"}
     assert first.registry.get_sample_value("hookserve_requests_total", labels) == 1.0
     assert "/metrics" in app.openapi()["paths"]
-    batch_observer(app)("m", 5)
-    assert first.registry.get_sample_value("hookserve_batch_size_sum", {"model": "m"}) == 5.0
+    job_observer(app)(JobRecord("m", JobKind.predict, 5, (0.002, 0.001), 0.25))
+    job_observer(app)(JobRecord("m", JobKind.exclusive, 0, (0.0,), 0.5))
+    get = first.registry.get_sample_value
+    assert get("hookserve_batch_size_sum", {"model": "m"}) == 5.0  # only prediction batches have a size
+    assert get("hookserve_job_queue_seconds_count", {"model": "m", "kind": "predict"}) == 2.0  # one per job
+    assert get("hookserve_job_queue_seconds_sum", {"model": "m", "kind": "predict"}) == pytest.approx(0.003)
+    assert get("hookserve_job_compute_seconds_count", {"model": "m", "kind": "predict"}) == 1.0  # one per batch
+    assert get("hookserve_job_compute_seconds_sum", {"model": "m", "kind": "exclusive"}) == 0.5
     assert metrics_of(app) is first
 
 
