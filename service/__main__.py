@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from service import openmp_env
+
+openmp_env.apply()  # before anything imports torch (and with it libgomp)
+
 import argparse
 import math
 import signal
