@@ -3,7 +3,7 @@
 Every point waits for an idle machine first and records where the CPU went. The server is
 started here as `python -m service` and stopped by PID at the end, also on Ctrl-C.
 
-    python -m bench.run                  # the full run (about 13 minutes on 2 idle cores)
+    python -m bench.run                  # the full run (about 11 minutes on 2 idle cores)
     python -m bench.run --quick --out /tmp/try.md   # a few seconds per point, for trying
 """
 
