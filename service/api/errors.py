@@ -22,6 +22,13 @@ def _error(status: int, detail: Any, headers: Mapping[str, str] | None = None) -
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
+def _answer(request: Request, status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """`{"detail": ...}`, or under `/v2` the Open Inference Protocol's `{"error": "<text>"}`."""
+    if request.url.path.startswith("/v2"):
+        return JSONResponse({"error": _as_text(detail)}, status_code=status, headers=headers)
+    return _error(status, detail, headers)
+
+
 def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     """Pydantic errors without echoing huge inputs or internal URLs."""
     cleaned = []
@@ -34,22 +41,15 @@ def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HookserveError)
     async def _domain(request: Request, exc: HookserveError) -> JSONResponse:
-        if request.url.path.startswith("/v2"):
-            return JSONResponse({"error": _as_text(exc.detail)}, status_code=exc.status, headers=exc.headers)
-        return _error(exc.status, exc.detail, exc.headers)
+        return _answer(request, exc.status, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = clean_validation_errors(exc.errors())
-        if request.url.path.startswith("/v2"):
-            return JSONResponse({"error": _as_text(detail)}, status_code=422)
-        return _error(422, detail)
+        return _answer(request, 422, clean_validation_errors(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if request.url.path.startswith("/v2"):
-            return JSONResponse({"error": _as_text(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
-        return _error(exc.status_code, exc.detail, exc.headers)
+        return _answer(request, exc.status_code, exc.detail, exc.headers)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
