@@ -87,3 +87,8 @@ class ModelLoadError(Exception):
 def scrub_paths(text: str) -> str:
     """Replace absolute file paths by their last part: error texts must not reveal the server's layout."""
     return _ABSOLUTE_PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty), for short details."""
+    return next(iter(str(exc).strip().splitlines()), "") or type(exc).__name__

@@ -15,7 +15,7 @@ import torchinfo
 import torchinfo.torchinfo as torchinfo_impl
 from torch import nn
 
-from service.errors import InvalidField
+from service.errors import InvalidField, first_line
 
 _MAX_ERROR = 300
 
@@ -48,8 +48,8 @@ def summarize(
         cause = exc.__cause__ or exc
         if isinstance(cause, torch.OutOfMemoryError):
             raise cause from None
-        first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:_MAX_ERROR]
-        raise InvalidField(f"the model's forward failed for input_size {list(size)}: {first_line}") from None
+        reason = first_line(cause)[:_MAX_ERROR]
+        raise InvalidField(f"the model's forward failed for input_size {list(size)}: {reason}") from None
     finally:
         for module, training in modes.items():
             module.training = training

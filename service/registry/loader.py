@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from service.errors import HookserveError, ModelLoadError, scrub_paths
+from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
 from service.registry.builders import DEFAULT_WEIGHTS, build_module, build_optimizer
 from service.registry.devices import TORCH_DTYPES, pick_device
 from service.registry.labels import read_labels
@@ -63,7 +63,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
     except (RuntimeError, ValueError, IndexError) as exc:
         if spec.input_size is not None or isinstance(exc, torch.OutOfMemoryError):
             raise
-        reason = next(iter(str(exc).strip().splitlines()), "")
+        reason = first_line(exc)
         raise ModelLoadError(
             f"warm-up forward on zeros of shape [1, {', '.join(map(str, input_size))}] failed ({reason}); "
             "set input_size in the model's config"
@@ -109,8 +109,7 @@ def warm_up_in_format(
         except (RuntimeError, ValueError, IndexError) as exc:
             if memory_format is not MemoryFormat.auto:
                 raise
-            reason = next(iter(str(exc).strip().splitlines()), type(exc).__name__)
-            log.info("model does not run channels_last (%s); it runs contiguous", reason)
+            log.info("model does not run channels_last (%s); it runs contiguous", first_line(exc))
             module.to(memory_format=torch.contiguous_format)
     return warm_up(module, input_size, device, dtype), False
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from service.errors import InvalidField
+from service.errors import InvalidField, first_line
 from service.registry.loaded import LoadedModel
 
 
@@ -38,7 +38,7 @@ def foreign_shape_errors(model: LoadedModel, batch: torch.Tensor) -> Iterator[No
         sample = list(batch.shape[1:])
         if sample == list(model.input_size):
             raise
-        reason = next(iter(str(exc).strip().splitlines()), "") or type(exc).__name__
+        reason = first_line(exc)
         raise InvalidField(
             f"{model.name} cannot run on samples of shape {sample} (its input size is {model.input_size}): {reason}"
         ) from None
