@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import httpx
@@ -33,6 +33,7 @@ from bench.stats import latency_summary
 from bench.wire import Connection, WireError, build_request
 
 Client = Literal["wire", "httpx"]
+CLIENTS: tuple[Client, ...] = get_args(Client)
 Send = Callable[[], Awaitable[tuple[int, bytes | memoryview]]]
 
 HARD_MAX_REQUESTS = 100_000
@@ -152,9 +153,8 @@ async def open_senders(
         async def send() -> tuple[int, bytes | memoryview]:
             try:
                 async with asyncio.timeout(timeout_s):
-                    answer = await conn.send(request)
+                    answer = await conn.send(request)  # closes its connection when cancelled
             except TimeoutError as exc:
-                await conn.close()
                 raise WireError(f"no answer in {timeout_s} s") from exc
             return answer.status, answer.body
 
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--form", choices=["multipart", "json"], default="multipart", help="multipart upload or base64 JSON"
     )
     ap.add_argument("-c", "--concurrency", type=int, default=1)
-    ap.add_argument("--client", choices=["wire", "httpx"], default="wire", help="HTTP client (default: wire)")
+    ap.add_argument("--client", choices=CLIENTS, default="wire", help="HTTP client (default: wire)")
     ap.add_argument("--requests", type=int, default=2000, help="max measured requests")
     ap.add_argument("--duration", type=float, default=15.0, help="max measured seconds")
     ap.add_argument("--warmup-requests", type=int, default=None)

@@ -26,7 +26,7 @@ import httpx
 
 from bench import gpu, raw_torch
 from bench.configs import SETUPS, Setup
-from bench.loadgen import Client, LoadResult, format_result, measure
+from bench.loadgen import CLIENTS, Client, LoadResult, format_result, measure
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
 from bench.payloads import Payload
 from bench.report import batches, comparison_table, evaluate_targets, render_markdown, targets_table
@@ -41,7 +41,7 @@ from bench.workload import (
 )
 
 HERE = Path(__file__).resolve().parent
-CLIENTS: dict[str, str] = {
+CLIENT_TEXT: dict[str, str] = {
     "wire": "lean bench.wire HTTP/1.1 client (prebuilt request bytes)",
     "httpx": "httpx AsyncClient (as TorchServe's numbers were taken)",
 }
@@ -209,7 +209,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
     ap.add_argument(
         "--client",
-        choices=["wire", "httpx"],
+        choices=CLIENTS,
         default="wire",
         help="load generator's HTTP client: wire (lean, default) or httpx (as TorchServe was measured)",
     )
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "versions": package_versions(),
         "input": inputs.describe(),
         "load": (
-            f"closed loop, asyncio in the benchmark process with the {CLIENTS[plan.client]}, keep-alive, one "
+            f"closed loop, asyncio in the benchmark process with the {CLIENT_TEXT[plan.client]}, keep-alive, one "
             f"connection per client; each "
             f"point min({plan.duration_s:g} s, {plan.max_requests} requests; integrated gradients "
             f"{plan.ig_requests}) after a warm-up of 2 x clients requests; before each point a wait for an idle "
