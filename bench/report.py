@@ -127,18 +127,17 @@ def comparison_table(results: Results) -> str:
     ]
     for p in results.get("points", []):
         r = p["result"]
+        plain, nhwc = (_raw(results, key) for key in (p.get("baseline"), f"{p.get('baseline')}-cl"))
         cells: list[str] = []
-        for key in (p.get("baseline"), f"{p.get('baseline')}-cl"):
-            raw = _raw(results, key)
+        for raw in (plain, nhwc):
             ratio = r["images_per_s"] / raw["images_per_s"] if raw else float("nan")
             diff = r["lat_ms"]["p50"] - raw["lat_ms"]["p50"] if raw and p["concurrency"] == 1 else float("nan")
             cells += [_num(ratio, 2), _num(diff)]
-        raw = _raw(results, p.get("baseline"))
         errors = sum(r["errors"].values())
         rows.append(
             f"| {p['config']} | {p['label']} | {p['concurrency']} | {_num(r['images_per_s'])} | "
             f"{_num(r['lat_ms']['p50'])} | {_num(r['lat_ms']['p95'])} | {_num(r['lat_ms']['p99'])} | {errors} | "
-            f"{raw['name'] if raw else 'n/a'} | {' | '.join(cells)} |"
+            f"{plain['name'] if plain else 'n/a'} | {' | '.join(cells)} |"
         )
     return "\n".join(rows)
 
