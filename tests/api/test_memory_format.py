@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 
 from tests.conftest import ClientFactory, tensor_input, wait_settled
 
@@ -51,14 +51,12 @@ name = "auto"
 source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
-kwargs = { num_classes = 5 }
 
 [[models]]
 name = "plain"
 source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
-kwargs = { num_classes = 5 }
 memory_format = "contiguous"
 
 [[models]]
@@ -67,12 +65,6 @@ source = "python"
 architecture = "mlp.py:Mlp"
 input_size = [3, 2, 2]
 """
-
-
-@pytest.fixture(scope="module")
-def r18() -> ResNet:
-    torch.manual_seed(3)
-    return resnet18(weights=None, num_classes=5).eval()
 
 
 @pytest.fixture
