@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import json
 import shutil
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ from safetensors.torch import load as safetensors_load
 
 from service.config import Settings
 from service.main import create_app
+from service.registry.loader import use_channels_last
 from service.registry.preprocess import preprocess_image
+from service.registry.spec import MemoryFormat
 from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, lenet_preprocess_spec, samples_dir, weights_path
 
 torch.set_num_threads(1)
@@ -163,3 +167,56 @@ def read_binary_answer(content: bytes, fmt: str) -> tuple[dict[str, torch.Tensor
     assert response.shape == ()  # a 0-d unicode array, as API.md says
     assert response.dtype.kind == "U"
     return {k: torch.from_numpy(v) for k, v in arrays.items()}, json.loads(str(response))
+
+
+def _store_capture(out: dict[str, dict[str, torch.Tensor]], key: str, side: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        out.setdefault(key, {})[side] = value.detach().clone()
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _store_capture(out, f"{key}.{i}", side, v)
+
+
+def direct_capture(
+    model: torch.nn.Module, names: Sequence[str], x: torch.Tensor, capture: str = "output"
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Captures with hooks registered here: per-call numbering `name`, `name#2`; clones at hook time.
+
+    The reference runs in the memory format the server picks for it (channels_last for
+    convolutional image models), so that the same kernels run and 1e-6 still holds.
+    """
+    if use_channels_last(MemoryFormat.auto, model, list(x.shape[1:])):
+        model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    calls: Counter[str] = Counter()
+    open_keys: dict[str, list[str]] = defaultdict(list)
+    modules = dict(model.named_modules())
+    handles = []
+
+    def make(name: str) -> tuple[Any, Any]:
+        def pre(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            calls[name] += 1
+            key = name if calls[name] == 1 else f"{name}#{calls[name]}"
+            open_keys[name].append(key)
+            if capture in ("input", "both"):
+                _store_capture(out, key, "input", args[0] if len(args) == 1 else args)
+
+        def post(_: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            key = open_keys[name].pop()
+            if capture in ("output", "both"):
+                _store_capture(out, key, "output", output)
+
+        return pre, post
+
+    try:
+        for name in names:
+            pre, post = make(name)
+            handles.append(modules[name].register_forward_pre_hook(pre))
+            handles.append(modules[name].register_forward_hook(post))
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out

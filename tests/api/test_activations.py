@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import io
 import math
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,6 @@ from torch import Tensor, nn
 from service.codecs.pictures import feature_grid_png
 from service.config import Settings
 from service.main import create_app
-from service.registry.loader import use_channels_last
-from service.registry.spec import MemoryFormat
 from service.zoo.lenet import load_lenet
 from tests.conftest import (
     ClientFactory,
@@ -33,6 +29,7 @@ from tests.conftest import (
     assert_no_module_hooks,
     b64,
     digit_pixels,
+    direct_capture,
     read_binary_answer,
     sample_png,
     tensor_input,
@@ -106,57 +103,6 @@ def assert_no_hooks(client: TestClient, name: str) -> None:
     assert_no_module_hooks(served(client, name))
 
 
-def _store(out: dict[str, dict[str, Tensor]], key: str, side: str, value: Any) -> None:
-    if isinstance(value, Tensor):
-        out.setdefault(key, {})[side] = value.detach().clone()
-    elif isinstance(value, (tuple, list)):
-        for i, v in enumerate(value):
-            _store(out, f"{key}.{i}", side, v)
-
-
-def direct(model: nn.Module, names: Sequence[str], x: Tensor, capture: str = "output") -> dict[str, dict[str, Tensor]]:
-    """Captures with hooks registered here: per-call numbering `name`, `name#2`; clones at hook time.
-
-    The reference runs in the memory format the server picks for it (channels_last for
-    convolutional image models), so that the same kernels run and 1e-6 still holds.
-    """
-    if use_channels_last(MemoryFormat.auto, model, list(x.shape[1:])):
-        model = copy.deepcopy(model).to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    out: dict[str, dict[str, Tensor]] = {}
-    calls: Counter[str] = Counter()
-    open_keys: dict[str, list[str]] = defaultdict(list)
-    modules = dict(model.named_modules())
-    handles = []
-
-    def make(name: str) -> tuple[Any, Any]:
-        def pre(_: nn.Module, args: tuple[Any, ...]) -> None:
-            calls[name] += 1
-            key = name if calls[name] == 1 else f"{name}#{calls[name]}"
-            open_keys[name].append(key)
-            if capture in ("input", "both"):
-                _store(out, key, "input", args[0] if len(args) == 1 else args)
-
-        def post(_: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            key = open_keys[name].pop()
-            if capture in ("output", "both"):
-                _store(out, key, "output", output)
-
-        return pre, post
-
-    try:
-        for name in names:
-            pre, post = make(name)
-            handles.append(modules[name].register_forward_pre_hook(pre))
-            handles.append(modules[name].register_forward_hook(post))
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out
-
-
 def assert_same(got: dict[str, dict[str, Any]], want: dict[str, dict[str, Tensor]]) -> None:
     assert list(got) == list(want)  # in the order the hooks fired
     for key, sides in want.items():
@@ -219,7 +165,7 @@ def test_exact_names_equal_direct_hooks_and_predictions_equal_predict(
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["conv1", "fc3"])
     assert body["model"] == "lenet"
     assert list(body["activations"]) == ["conv1", "fc3"]
-    assert_same(body["activations"], direct(lenet, ["conv1", "fc3"], x))
+    assert_same(body["activations"], direct_capture(lenet, ["conv1", "fc3"], x))
     assert [list(v) for v in body["activations"].values()] == [["output"], ["output"]]
     predicted = builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs, "top_k": 5}).json()
     assert body["predictions"] == predicted["predictions"]
@@ -232,13 +178,13 @@ def test_fnmatch_patterns(builtin_client: TestClient, lenet: nn.Module, resnet: 
     x = digit_pixels(5)[None]
     body = post_activations(builtin_client, model="lenet", inputs=[tensor_input(x[0])], layers=["fc*"])
     assert list(body["activations"]) == ["fc1", "fc2", "fc3"]
-    assert_same(body["activations"], direct(lenet, ["fc1", "fc2", "fc3"], x))
+    assert_same(body["activations"], direct_capture(lenet, ["fc1", "fc2", "fc3"], x))
 
     image = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     body = post_activations(builtin_client, model="resnet18", inputs=[tensor_input(image[0])], layers=["layer1.*"])
     names = [n for n, _ in resnet.named_modules() if n.startswith("layer1.")]
     assert len(names) == 12  # 2 blocks: the block, conv1, bn1, relu, conv2, bn2
-    want = direct(resnet, names, image)
+    want = direct_capture(resnet, names, image)
     assert "layer1.0.relu#2" in want  # BasicBlock calls its ReLU twice
     assert sorted(body["activations"]) == sorted(want)
     assert_same(body["activations"], want)
@@ -273,7 +219,7 @@ def test_capture_input_output_both(builtin_client: TestClient, lenet: nn.Module)
     inputs = [tensor_input(t, as_b64=True) for t in x]
     for capture in ("input", "output", "both"):
         body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["pool", "fc1"], capture=capture)
-        want = direct(lenet, ["pool", "fc1"], x, capture)
+        want = direct_capture(lenet, ["pool", "fc1"], x, capture)
         assert sorted(body["activations"]) == ["fc1", "pool", "pool#2"]
         assert_same(body["activations"], want)
         sides = {"input": ["input"], "output": ["output"], "both": ["input", "output"]}[capture]
@@ -290,7 +236,7 @@ def test_shared_relu_reports_every_call(builtin_client: TestClient, lenet: nn.Mo
     assert list(body["activations"]) == ["relu", "relu#2", "relu#3", "relu#4"]
     shapes = [v["output"]["shape"] for v in body["activations"].values()]
     assert shapes == [[1, 6, 28, 28], [1, 16, 10, 10], [1, 120], [1, 84]]
-    assert_same(body["activations"], direct(lenet, ["relu"], x))
+    assert_same(body["activations"], direct_capture(lenet, ["relu"], x))
 
 
 def test_tuple_outputs_and_multi_output_model(builtin_client: TestClient) -> None:
@@ -315,7 +261,7 @@ def test_tuple_output_and_several_positional_inputs_of_a_python_model(tmp_path: 
         x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(3))
         inputs = [tensor_input(t) for t in x]
         body = post_activations(client, model="toy", inputs=inputs, layers=["split", "pair", ""], capture="both")
-        want = direct(ref, ["", "split", "pair"], x, "both")
+        want = direct_capture(ref, ["", "split", "pair"], x, "both")
         assert sorted(body["activations"]) == ["", "pair", "pair.0", "pair.1", "split", "split.0", "split.1"]
         assert sorted(body["activations"]["split.0"]) == ["output"]
         assert sorted(body["activations"]["pair.1"]) == ["input"]
@@ -335,7 +281,7 @@ def test_reduce(builtin_client: TestClient, lenet: nn.Module, reduce: str) -> No
     x = torch.stack([digit_pixels(1), digit_pixels(2)])
     inputs = [tensor_input(t) for t in x]
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["conv2", "fc1"], reduce=reduce)
-    want = direct(lenet, ["conv2", "fc1"], x)
+    want = direct_capture(lenet, ["conv2", "fc1"], x)
     conv2, fc1 = want["conv2"]["output"], want["fc1"]["output"]
     expected = {
         "mean": (conv2.mean(dim=(2, 3)), fc1),
@@ -353,7 +299,7 @@ def test_format_stats(builtin_client: TestClient, lenet: nn.Module) -> None:
     x = torch.stack([digit_pixels(6), digit_pixels(8)])
     inputs = [tensor_input(t) for t in x]
     body = post_activations(builtin_client, model="lenet", inputs=inputs, layers=["relu", "conv1"], format="stats")
-    want = direct(lenet, ["relu", "conv1"], x)
+    want = direct_capture(lenet, ["relu", "conv1"], x)
     assert sorted(body["activations"]) == sorted(want)
     for key, sides in want.items():
         t = sides["output"].double()
@@ -383,7 +329,7 @@ def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) 
     )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/octet-stream"
-    want = direct(lenet, ["conv2", "relu"], x, "both")
+    want = direct_capture(lenet, ["conv2", "relu"], x, "both")
     expected_keys = sorted(f"{k}:{s}" for k, sides in want.items() for s in sides)
     tensors, rest = read_binary_answer(response.content, fmt)
     assert sorted(tensors) == expected_keys
@@ -401,7 +347,7 @@ def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) 
 
 def test_format_png(builtin_client: TestClient, lenet: nn.Module) -> None:
     x = digit_pixels(3)[None]
-    want = direct(lenet, ["conv1", "conv2"], x)
+    want = direct_capture(lenet, ["conv1", "conv2"], x)
     sizes = {}
     for layer, channels in (("conv1", 64), ("conv1", 2), ("conv2", 64), ("conv2", 4)):
         response = builtin_client.post(
@@ -446,7 +392,7 @@ def test_multipart_form_like_curl(builtin_client: TestClient, lenet: nn.Module) 
     assert response.status_code == 200, response.text
     body = response.json()
     x = torch.stack([digit_pixels(7), digit_pixels(1)])
-    want = direct(lenet, ["conv1", "conv2"], x)
+    want = direct_capture(lenet, ["conv1", "conv2"], x)
     assert list(body["activations"]) == ["conv1", "conv2"]
     for key in ("conv1", "conv2"):
         torch.testing.assert_close(
@@ -475,7 +421,7 @@ def test_json_answer_over_limit_is_413_with_advice(tmp_path: Path, make_client: 
 def test_in_place_op_does_not_change_captured_output(builtin_client: TestClient, resnet: nn.Module) -> None:
     x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(4))
     body = post_activations(builtin_client, model="resnet18", inputs=[tensor_input(x[0])], layers=["layer1.0.bn1"])
-    want = direct(resnet, ["layer1.0.bn1"], x)["layer1.0.bn1"]["output"]
+    want = direct_capture(resnet, ["layer1.0.bn1"], x)["layer1.0.bn1"]["output"]
     assert (want < 0).any()  # the block's ReLU(inplace=True) would zero these
     got = as_tensor(body["activations"]["layer1.0.bn1"]["output"])
     assert (got < 0).sum() == (want < 0).sum()
@@ -502,7 +448,7 @@ def test_forward_that_raises_leaves_no_hooks_and_no_traceback(tmp_path: Path) ->
         x = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(5))
         body = post_activations(client, model="toy", inputs=[tensor_input(x[0])], layers=["conv", "split"])
         assert sorted(body["activations"]) == ["conv", "split.0", "split.1"]
-        assert_same(body["activations"], direct(ref, ["conv", "split"], x))
+        assert_same(body["activations"], direct_capture(ref, ["conv", "split"], x))
         assert_no_hooks(client, "toy")
 
 

@@ -10,8 +10,7 @@ import asyncio
 import base64
 import io
 import time
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.preprocess import preprocess_image
 from service.zoo.lenet import lenet_preprocess_spec, load_lenet, samples_dir
-from tests.conftest import assert_no_module_hooks, write_lenet
+from tests.conftest import assert_no_module_hooks, direct_capture, tensor_input, write_lenet
 
 # A python model that sleeps inside a layer (so jobs overlap in time) and records, at every
 # forward, how many hooks its modules hold and the first feature of each row (a request tag).
@@ -101,49 +100,6 @@ async def assert_no_hooks(app: FastAPI, client: httpx.AsyncClient, name: str) ->
     assert_no_module_hooks(served(app, name))
 
 
-def direct(model: nn.Module, names: Sequence[str], x: Tensor, capture: str) -> dict[str, dict[str, Tensor]]:
-    """Captures with hooks registered here: `name`, `name#2` per call, tensors cloned at hook time."""
-    out: dict[str, dict[str, Tensor]] = {}
-    calls: Counter[str] = Counter()
-    open_keys: dict[str, list[str]] = defaultdict(list)
-    modules = dict(model.named_modules())
-    handles = []
-
-    def store(key: str, side: str, value: Any) -> None:
-        if isinstance(value, Tensor):
-            out.setdefault(key, {})[side] = value.detach().clone()
-
-    def make(name: str) -> tuple[Any, Any]:
-        def pre(_: nn.Module, args: tuple[Any, ...]) -> None:
-            calls[name] += 1
-            key = name if calls[name] == 1 else f"{name}#{calls[name]}"
-            open_keys[name].append(key)
-            if capture in ("input", "both"):
-                store(key, "input", args[0])
-
-        def post(_: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            key = open_keys[name].pop()
-            if capture in ("output", "both"):
-                store(key, "output", output)
-
-        return pre, post
-
-    try:
-        for name in names:
-            pre, post = make(name)
-            handles += [modules[name].register_forward_pre_hook(pre), modules[name].register_forward_hook(post)]
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out
-
-
-def tensor_input(t: Tensor) -> dict[str, Any]:
-    return {"tensor": {"shape": list(t.shape), "dtype": "float32", "data": t.tolist()}}
-
-
 def png_of(digit: int) -> bytes:
     return (samples_dir() / f"digit_{digit}.png").read_bytes()
 
@@ -183,7 +139,7 @@ async def _lenet_round(tmp_path: Path) -> None:
                 inputs = [tensor_input(t) for t in x]
             patterns = [n for n, _ in lenet.named_modules() if n.startswith("fc")] if layers == ["fc*"] else layers
             body: dict[str, Any] = {"model": "lenet", "inputs": inputs, "layers": layers, "capture": capture}
-            expected.append(("activations", body, direct(lenet, patterns, x, capture)))
+            expected.append(("activations", body, direct_capture(lenet, patterns, x, capture)))
         for _ in range(12):
             x = torch.randn(1, 3, 32, 32, generator=gen)
             with torch.no_grad():
@@ -244,7 +200,7 @@ async def _slow_round(tmp_path: Path) -> None:
                 "layers": layers,
                 "capture": "both",
             }
-            jobs.append(("activations", body, direct(reference, layers, x, "both")))
+            jobs.append(("activations", body, direct_capture(reference, layers, x, "both")))
         for i in range(14):  # predictions: tag -100 - i
             x = torch.randn(1, 4, generator=gen)
             x[0, 0] = -100 - i
