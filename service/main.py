@@ -22,8 +22,8 @@ from service.api.state import AppState
 from service.config import Settings
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.registry.registry import Registry
-from service.registry.spec import load_specs
 from service.runtime.threads import pin_torch_threads
+from service.specs.model import load_specs
 
 log = logging.getLogger("hookserve")
 

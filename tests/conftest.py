@@ -25,7 +25,7 @@ from service.config import Settings
 from service.main import create_app
 from service.registry.loader import use_channels_last
 from service.registry.preprocess import preprocess_image
-from service.registry.spec import MemoryFormat
+from service.specs.model import MemoryFormat
 from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, lenet_preprocess_spec, samples_dir, weights_path
 
 torch.set_num_threads(1)

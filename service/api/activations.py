@@ -13,13 +13,14 @@ from service.api.running import prepare
 from service.api.state import StateDep
 from service.codecs.pictures import feature_grid_png
 from service.codecs.tensors import json_tensor
+from service.dtypes import dtype_name
 from service.errors import InvalidField
 from service.introspection.capture import Captured
 from service.introspection.layers import resolve_layers
-from service.introspection.tensor_stats import dtype_name, tensor_summary
+from service.introspection.tensor_stats import tensor_summary
 from service.runtime.activations_job import run_activations
 from service.schemas.activations import ActivationsRequest, ActivationsResponse
-from service.schemas.common import ActivationFormat
+from service.specs.vocab import ActivationFormat
 
 router = APIRouter(tags=["introspection"])
 

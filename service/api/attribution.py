@@ -20,10 +20,10 @@ from service.introspection.layers import resolve_layers
 from service.introspection.saliency import SaliencyItem, SaliencyMethod
 from service.introspection.targets import TargetSpec
 from service.registry.preprocess import denormalize
-from service.registry.spec import PreprocessSpec
 from service.runtime.attribution_jobs import run_gradients, run_saliency
 from service.schemas.attribution import GradientsRequest, GradientsResponse, SaliencyRequest, SaliencyResponse
-from service.schemas.common import SaliencyFormat, TensorFormat
+from service.specs.model import PreprocessSpec
+from service.specs.vocab import SaliencyFormat, TensorFormat
 
 router = APIRouter(tags=["introspection"])
 

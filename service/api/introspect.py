@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
@@ -19,16 +18,12 @@ from service.introspection.optimizer import optimizer_metadata, param_names_for
 from service.introspection.state_dict import get_tensor, state_dict_entries
 from service.introspection.summary import summarize
 from service.schemas.introspection import LayerList, OptimizerInfo, StateDict, Summary
+from service.specs.vocab import TensorFileFormat
 
 router = APIRouter(tags=["introspection"])
 
 ModelName = Annotated[str, Path(description="A model name from GET /models.", examples=["lenet"])]
 MAX_SUMMARY_DEPTH = 16
-
-
-class TensorFileFormat(StrEnum):
-    npy = "npy"
-    safetensors = "safetensors"
 
 
 @router.get(

@@ -12,24 +12,11 @@ import orjson
 import torch
 
 from service.codecs.tensors import to_numpy
+from service.dtypes import BY_TORCH
 
 
 def _response_json(rest: Mapping[str, Any]) -> str:
     return orjson.dumps(rest, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-
-
-_SAFETENSORS_DTYPES = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
 
 
 def safetensors_bytes(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> bytes:
@@ -45,11 +32,11 @@ def safetensors_bytes(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, An
     offset = 0
     for key, tensor in tensors.items():
         t = _cpu_contiguous(tensor)
-        code = _SAFETENSORS_DTYPES.get(t.dtype)
-        if code is None:
+        info = BY_TORCH.get(t.dtype)
+        if info is None or info.safetensors is None:
             raise ValueError(f"safetensors cannot hold dtype {t.dtype}")
-        array = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()  # NumPy has no bfloat16
-        view = array.reshape(-1).view(np.uint8).data
+        view = t.reshape(-1).view(torch.uint8).numpy().data  # the bytes, whatever the dtype (NumPy lacks bfloat16)
+        code = info.safetensors
         header[key] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(view)]}
         chunks.append(view)
         offset += len(view)

@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 
 from service.errors import BadInput, TooLarge
 from service.registry.preprocess import center_crop_box, per_channel, resized_size
-from service.registry.spec import Interpolation, PreprocessSpec
+from service.specs.model import Interpolation, PreprocessSpec
 
 _MODES = {
     Interpolation.bilinear: InterpolationMode.BILINEAR,

@@ -10,7 +10,7 @@ from PIL import Image, UnidentifiedImageError
 
 from service.errors import BadInput, TooLarge
 from service.registry.preprocess import preprocess_image
-from service.registry.spec import PreprocessSpec
+from service.specs.model import PreprocessSpec
 
 # We enforce our own (configurable) limit from the header, before any pixel is decoded.
 Image.MAX_IMAGE_PIXELS = None

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from service.dtypes import BY_OIP
 from service.errors import BadInput, InvalidField, TooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -42,22 +43,11 @@ class Datatype(StrEnum):
     BYTES = "BYTES"
 
 
-NUMPY_DTYPES: dict[Datatype, np.dtype[Any]] = {
-    Datatype.BOOL: np.dtype("?"),
-    Datatype.UINT8: np.dtype("u1"),
-    Datatype.UINT16: np.dtype("<u2"),
-    Datatype.UINT32: np.dtype("<u4"),
-    Datatype.UINT64: np.dtype("<u8"),
-    Datatype.INT8: np.dtype("i1"),
-    Datatype.INT16: np.dtype("<i2"),
-    Datatype.INT32: np.dtype("<i4"),
-    Datatype.INT64: np.dtype("<i8"),
-    Datatype.FP16: np.dtype("<f2"),
-    Datatype.FP32: np.dtype("<f4"),
-    Datatype.FP64: np.dtype("<f8"),
-    Datatype.BF16: np.dtype("<u2"),  # the bit patterns
-    Datatype.BYTES: np.dtype(object),
-}
+def wire_dtype(datatype: Datatype) -> np.dtype[Any]:
+    """How one element of `datatype` is laid out (BF16 as its bit patterns; BYTES as Python objects)."""
+    if datatype is Datatype.BYTES:
+        return np.dtype(object)
+    return BY_OIP[datatype.value].wire
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -129,7 +119,7 @@ def decode_tensor(
         if datatype is Datatype.BYTES:
             items = deserialize_bytes(raw, where)
             return _object_array(items, numel, shape, where)
-        dtype = NUMPY_DTYPES[datatype]
+        dtype = wire_dtype(datatype)
         if len(raw) != numel * dtype.itemsize:
             raise InvalidField(
                 f"{where}: {len(raw)} bytes of binary data; shape {list(shape)} of {datatype} needs "
@@ -147,7 +137,7 @@ def decode_tensor(
         if datatype is Datatype.BF16:
             array = float32_to_bf16_bits(np.asarray(data, dtype=np.float32))
         else:
-            array = np.asarray(data, dtype=NUMPY_DTYPES[datatype])
+            array = np.asarray(data, dtype=wire_dtype(datatype))
     except (ValueError, TypeError, OverflowError):
         raise InvalidField(f"{where}: data must be {datatype} values in a flat or nested list") from None
     if array.size != numel:
@@ -194,7 +184,7 @@ def encode_tensor(
         if datatype is Datatype.BYTES:
             raw = serialize_bytes([bytes(item) for item in array.reshape(-1)])
         else:
-            raw = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[datatype]).tobytes()
+            raw = np.ascontiguousarray(array, dtype=wire_dtype(datatype)).tobytes()
         entry["parameters"] = {"binary_data_size": len(raw)}
         return entry, raw
     flat = array.reshape(-1)

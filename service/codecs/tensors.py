@@ -15,21 +15,11 @@ import numpy as np
 import pybase64
 import torch
 
+from service.dtypes import BY_NAME, dtype_name
 from service.errors import BadInput, InvalidField
-from service.introspection.tensor_stats import dtype_name
+from service.specs.vocab import TENSOR_DTYPES
 
-_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    "float32": np.dtype("<f4"),
-    "float64": np.dtype("<f8"),
-    "float16": np.dtype("<f2"),
-    "int64": np.dtype("<i8"),
-    "int32": np.dtype("<i4"),
-    "int16": np.dtype("<i2"),
-    "int8": np.dtype("i1"),
-    "uint8": np.dtype("u1"),
-    "bool": np.dtype("?"),
-}
-INPUT_DTYPES = (*_NUMPY_DTYPES, "bfloat16")
+INPUT_DTYPES = TENSOR_DTYPES
 MAX_TENSOR_DIMS = 8
 
 
@@ -63,12 +53,11 @@ def tensor_from_payload(
     numel = math.prod(shape)
     if (data is None) == (b64 is None):
         raise InvalidField(f"{where}: give exactly one of 'data' or 'b64'")
+    info = BY_NAME[dtype]
     if b64 is not None:
         raw = decode_b64(b64, f"{where}.b64")
-        if dtype == "bfloat16":
-            return _from_bytes(raw, np.dtype("<u2"), numel, shape, where).view(torch.bfloat16)
-        return _from_bytes(raw, _NUMPY_DTYPES[dtype], numel, shape, where)
-    np_dtype = np.dtype("<f4") if dtype == "bfloat16" else _NUMPY_DTYPES[dtype]
+        return _from_bytes(raw, info.wire, numel, shape, where).view(info.torch)
+    np_dtype = info.numpy if info.numpy is not None else np.dtype("<f4")  # bfloat16 values come as numbers
     try:
         with np.errstate(over="raise", invalid="raise"):  # thread-local: out-of-range values raise, not warn
             array = np.asarray(data, dtype=np_dtype)
@@ -81,7 +70,7 @@ def tensor_from_payload(
     if array.ndim > 1 and list(array.shape) != [int(s) for s in shape]:
         raise InvalidField(f"{where}.data is nested as {list(array.shape)}; give it flat or nested as {list(shape)}")
     tensor = torch.from_numpy(array.reshape(tuple(shape)).copy())
-    return tensor.to(torch.bfloat16) if dtype == "bfloat16" else tensor
+    return tensor if tensor.dtype == info.torch else tensor.to(info.torch)
 
 
 def _from_bytes(raw: bytes, np_dtype: np.dtype[Any], numel: int, shape: Sequence[int], where: str) -> torch.Tensor:

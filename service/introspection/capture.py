@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from enum import StrEnum
 from typing import Any, TypeVar
 
 import torch
@@ -21,18 +20,11 @@ from torch import Tensor, nn
 
 from service.errors import InvalidField
 from service.introspection.hooks import HookScope
+from service.specs.vocab import Capture
 
 T = TypeVar("T")
 
 Captured = dict[str, dict[str, Tensor]]
-
-
-class Capture(StrEnum):
-    """Which side of a layer /activations records."""
-
-    output = "output"
-    input = "input"
-    both = "both"
 
 
 def capture_activations(

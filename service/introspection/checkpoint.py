@@ -21,10 +21,10 @@ import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from service.dtypes import BY_SAFETENSORS, dtype_name
 from service.errors import BadInput, InvalidField, NotFound
 from service.introspection.optimizer import optimizer_metadata, param_names_from_state_dict
 from service.introspection.state_dict import checkpoint_state_dict_entries
-from service.introspection.tensor_stats import dtype_name
 
 REFUSED = "this file needs arbitrary code to unpickle; refused, nothing in it ran"
 UNREADABLE = "not a PyTorch checkpoint or safetensors file (or a corrupt/truncated one)"
@@ -32,12 +32,6 @@ PREFERRED_KEYS = ("model_state_dict", "state_dict", "model", "")
 MAX_SAFETENSORS_HEADER = 100_000_000  # the limit safetensors itself enforces
 MAX_DEPTH = 64  # nesting below this is not walked
 MAX_LIST = 1000  # a longer list of plain values is reported by its length and first items
-
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
 
 
 class CheckpointFormat(StrEnum):
@@ -86,7 +80,8 @@ def _read_safetensors(path: Path, stats: bool) -> tuple[dict[str, Any], Mapping[
             metadata = f.metadata()
             for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
                 view = f.get_slice(key)
-                dtype = _SAFETENSORS_DTYPES.get(view.get_dtype())
+                info = BY_SAFETENSORS.get(view.get_dtype())
+                dtype = info.torch if info is not None else None
                 if stats or dtype is None:
                     sd[key] = f.get_tensor(key)
                 else:  # shape and dtype only: no data read

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from service.dtypes import dtype_name
 from service.introspection.state_dict import looks_like_buffer
-from service.introspection.tensor_stats import dtype_name
 
 
 def optimizer_metadata(

@@ -7,9 +7,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from service.dtypes import dtype_name
 from service.errors import NotFound
 from service.introspection.layers import closest_names
-from service.introspection.tensor_stats import dtype_name, finite_stats
+from service.introspection.tensor_stats import finite_stats
 
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 

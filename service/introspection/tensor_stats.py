@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import math
-from enum import StrEnum
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from service.dtypes import dtype_name
+from service.specs.vocab import Reduce
+
 # Elements per chunk in finite_stats: bounds the float64 working copy (32 MiB) of huge tensors.
 _CHUNK = 1 << 22
 _SUMMARY_STATS = ("min", "max", "mean", "std", "zero_fraction")
-
-
-class Reduce(StrEnum):
-    """How /activations shrinks a tensor `[N, C, ...]`: over spatial dims, or to `[N, -1]`."""
-
-    mean = "mean"
-    max = "max"
-    flatten = "flatten"
 
 
 def reduce_tensor(t: Tensor, reduce: Reduce | None) -> Tensor:
@@ -40,11 +34,6 @@ def reduce_tensor(t: Tensor, reduce: Reduce | None) -> Tensor:
     if any(t.shape[d] == 0 for d in dims):  # max over nothing
         return torch.full(tuple(t.shape[:2]), math.nan, dtype=torch.float32, device=t.device)
     return t.amax(dim=dims)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> `"float32"`."""
-    return str(dtype).removeprefix("torch.")
 
 
 def tensor_summary(t: Tensor) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from service.errors import HookserveError, ModelLoadError
 from service.registry.paths import resolve_under
-from service.registry.spec import ModelSpec, Source
+from service.specs.model import ModelSpec, Source
 
 DEFAULT_WEIGHTS = "DEFAULT"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.registry.spec import ModelSpec, OptimizerSpec, Source
+from service.specs.model import ModelSpec, OptimizerSpec, Source
 from service.zoo.lenet import LENET_INPUT_SIZE, labels_path, lenet_preprocess_spec, weights_path
 
 ZOO_DIR = Path(weights_path()).parent.parent

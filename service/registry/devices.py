@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 
 from service.errors import ModelLoadError
-from service.registry.spec import DType
-
-TORCH_DTYPES = {DType.float32: torch.float32, DType.float16: torch.float16, DType.bfloat16: torch.bfloat16}
 
 
 def pick_device(requested: str) -> torch.device:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from service.registry.spec import ModelSpec, PreprocessSpec
+from service.specs.model import ModelSpec, PreprocessSpec
 
 
 @dataclass

@@ -10,14 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
 from service.registry.builders import DEFAULT_WEIGHTS, build_module, build_optimizer
-from service.registry.devices import TORCH_DTYPES, pick_device
+from service.registry.devices import pick_device
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
 from service.registry.paths import resolve_under
-from service.registry.spec import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
 from service.registry.weights import load_into, load_optimizer_state, read_weights
+from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
 
 IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
 COMPILE_BACKEND = "inductor"
@@ -39,7 +40,7 @@ def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_down
 
 def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
     device = pick_device(spec.device or default_device)
-    dtype = TORCH_DTYPES[spec.dtype]
+    dtype = BY_NAME[spec.dtype.value].torch
     module = build_module(spec, model_dir, allow_downloads)
     optimizer_state: dict[str, Any] | None = None
     if spec.weights is None:

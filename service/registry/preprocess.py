@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from service.registry.spec import Interpolation, PreprocessSpec
+from service.specs.model import Interpolation, PreprocessSpec
 
 _PIL_FILTERS = {
     Interpolation.bilinear: Image.Resampling.BILINEAR,

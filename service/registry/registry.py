@@ -15,9 +15,9 @@ from service.config import Settings
 from service.errors import Conflict, ModelLoadError, NotFound
 from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
-from service.registry.spec import ModelSpec
 from service.runtime.executor import ExecutorConfig, JobObserver, ModelExecutor, release_device_memory
 from service.runtime.threads import ThreadBudget, pin_torch_threads
+from service.specs.model import ModelSpec
 
 log = logging.getLogger("hookserve.registry")
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from service.introspection.capture import Capture, Captured, capture_activations
-from service.introspection.tensor_stats import Reduce, reduce_tensor
+from service.introspection.capture import Captured, capture_activations
+from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import forward_checked, to_device
 from service.runtime.predictions import top_k_predictions
+from service.specs.vocab import Capture, Reduce
 
 
 @dataclass

@@ -19,33 +19,19 @@ import torch
 
 from service.codecs.images import image_to_tensor
 from service.codecs.oip import Datatype, bf16_bits_to_float32
+from service.dtypes import BY_TORCH
 from service.errors import InvalidField, TooLarge
-from service.introspection.capture import Capture, capture_activations
+from service.introspection.capture import capture_activations
 from service.introspection.layers import closest_names
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
 from service.runtime.executor import ModelExecutor
+from service.specs.vocab import Capture
 
 INPUT_NAME = "input__0"
 OUTPUT_PREFIX = "output__"
 PLATFORM = "pytorch"
 _OUTPUT_NAME = re.compile(r"^output__(\d+)$")
-
-DATATYPES: dict[torch.dtype, Datatype] = {
-    torch.bool: Datatype.BOOL,
-    torch.uint8: Datatype.UINT8,
-    torch.uint16: Datatype.UINT16,
-    torch.uint32: Datatype.UINT32,
-    torch.uint64: Datatype.UINT64,
-    torch.int8: Datatype.INT8,
-    torch.int16: Datatype.INT16,
-    torch.int32: Datatype.INT32,
-    torch.int64: Datatype.INT64,
-    torch.float16: Datatype.FP16,
-    torch.float32: Datatype.FP32,
-    torch.float64: Datatype.FP64,
-    torch.bfloat16: Datatype.BF16,
-}
 
 
 @dataclass(frozen=True)
@@ -77,10 +63,10 @@ def is_model_output(name: str) -> bool:
 
 
 def datatype_of(dtype: torch.dtype) -> Datatype:
-    found = DATATYPES.get(dtype)
-    if found is None:
+    info = BY_TORCH.get(dtype)
+    if info is None or info.oip is None:
         raise InvalidField(f"tensors of dtype {dtype} have no Open Inference Protocol datatype")
-    return found
+    return Datatype(info.oip)
 
 
 def flatten_outputs(output: Any) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from service.errors import Conflict, InvalidField, NotFound
 from service.registry.registry import Entry, Registry, Status
-from service.registry.spec import ModelSpec
+from service.specs.model import ModelSpec
 
 
 class RepositoryState(StrEnum):

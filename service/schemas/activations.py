@@ -6,10 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.introspection.capture import Capture
-from service.introspection.tensor_stats import Reduce
-from service.schemas.common import ActivationFormat, ModelInputs
+from service.schemas.common import ModelInputs
 from service.schemas.predict import Prediction
+from service.specs.vocab import ActivationFormat, Capture, Reduce
 
 
 class ActivationsRequest(ModelInputs):

@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from service.introspection.saliency import SaliencyMethod
-from service.schemas.common import ModelInputs, SaliencyFormat, TensorFormat
+from service.schemas.common import ModelInputs
+from service.specs.vocab import SaliencyFormat, TensorFormat
 
 # Strict: JSON `true` or `3.0` is a client's mistake (422), not silently class 1 or 3.
 TargetItem = StrictInt | StrictStr

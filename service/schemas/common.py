@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TENSOR_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+from service.specs.vocab import TENSOR_DTYPES
 
 
 class TensorPayload(BaseModel):
@@ -57,29 +56,6 @@ class TensorJSON(BaseModel):
     shape: list[int]
     dtype: str
     data: Any = Field(..., description="Nested lists matching shape.")
-
-
-class TensorFormat(StrEnum):
-    """How tensors come back."""
-
-    json = "json"
-    safetensors = "safetensors"
-    npz = "npz"
-
-
-class ActivationFormat(StrEnum):
-    json = "json"
-    stats = "stats"
-    safetensors = "safetensors"
-    npz = "npz"
-    png = "png"
-
-
-class SaliencyFormat(StrEnum):
-    json = "json"
-    safetensors = "safetensors"
-    npz = "npz"
-    png = "png"
 
 
 class ErrorBody(BaseModel):

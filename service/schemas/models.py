@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.registry.spec import ModelSpec, PreprocessSpec
+from service.specs.model import ModelSpec, PreprocessSpec
 
 
 class ModelInfo(BaseModel):

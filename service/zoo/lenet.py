@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from service.registry.spec import Interpolation, PreprocessSpec
+from service.specs.model import Interpolation, PreprocessSpec
 
 LENET_INPUT_SIZE: list[int] = [3, 32, 32]
 # Per-channel statistics of the 1437 training digits after `lenet_preprocess_spec()` scaling to [0, 1].

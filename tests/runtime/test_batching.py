@@ -13,8 +13,8 @@ from torch import nn
 
 from service.errors import InvalidField
 from service.registry.loaded import LoadedModel
-from service.registry.spec import ModelSpec, PreprocessSpec
 from service.runtime.executor import ExecutorConfig, ModelExecutor
+from service.specs.model import ModelSpec, PreprocessSpec
 
 LONG_DELAY_MS = 10_000.0  # a batch that waited this long would make the test time out, not pass
 

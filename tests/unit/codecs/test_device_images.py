@@ -13,7 +13,7 @@ from skimage import data as skdata
 from service.codecs.device_images import is_jpeg, jpeg_to_tensor, preprocess_tensor
 from service.errors import BadInput, TooLarge
 from service.registry.preprocess import preprocess_image
-from service.registry.spec import PreprocessSpec
+from service.specs.model import PreprocessSpec
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,6 @@ from tritonclient.http import InferResult
 from tritonclient.utils import serialize_byte_tensor
 
 from service.codecs.oip import (
-    NUMPY_DTYPES,
     Datatype,
     bf16_bits_to_float32,
     decode_tensor,
@@ -24,6 +23,7 @@ from service.codecs.oip import (
     float32_to_bf16_bits,
     serialize_bytes,
     split_body,
+    wire_dtype,
 )
 from service.errors import BadInput, InvalidField, TooLarge
 
@@ -88,8 +88,8 @@ def sample(datatype: Datatype) -> np.ndarray[Any, Any]:
     if datatype is Datatype.BOOL:
         return np.asarray(values % 2 == 1)
     if datatype.value.startswith("INT"):
-        return (values - 3).astype(NUMPY_DTYPES[datatype])
-    return (values * 1.5 if datatype.value.startswith("FP") else values).astype(NUMPY_DTYPES[datatype])
+        return (values - 3).astype(wire_dtype(datatype))
+    return (values * 1.5 if datatype.value.startswith("FP") else values).astype(wire_dtype(datatype))
 
 
 @pytest.mark.parametrize("datatype", NUMERIC)
@@ -99,7 +99,7 @@ def test_decode_every_datatype(datatype: Datatype) -> None:
     nested = decode_tensor("x", [2, 3], datatype, expected.tolist(), None)
     flat = decode_tensor("x", [2, 3], datatype, expected.reshape(-1).tolist(), None)
     for got in (binary, nested, flat):
-        assert got.dtype == NUMPY_DTYPES[datatype]
+        assert got.dtype == wire_dtype(datatype)
         np.testing.assert_array_equal(got, expected)
     assert binary.flags.writeable
 

@@ -16,8 +16,8 @@ from service.codecs.tensors import (
     tensor_from_payload,
     to_numpy,
 )
+from service.dtypes import dtype_name
 from service.errors import BadInput, InvalidField
-from service.introspection.tensor_stats import dtype_name
 
 
 def _b64(raw: bytes) -> str:

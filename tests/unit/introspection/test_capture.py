@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from service.errors import InvalidField
-from service.introspection.capture import Capture, capture_activations
+from service.introspection.capture import capture_activations
 from service.introspection.hooks import HookScope, count_hooks
+from service.specs.vocab import Capture
 
 
 class Shared(nn.Module):

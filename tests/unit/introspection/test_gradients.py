@@ -10,9 +10,10 @@ from torchvision.models import resnet18
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from service.errors import InvalidField
-from service.introspection.capture import Capture, capture_activations
+from service.introspection.capture import capture_activations
 from service.introspection.gradients import compute_gradients
 from service.introspection.hooks import count_hooks
+from service.specs.vocab import Capture
 
 
 class TinyCNN(nn.Module):

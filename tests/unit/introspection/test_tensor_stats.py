@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from service.introspection import tensor_stats
-from service.introspection.tensor_stats import Reduce, finite_stats, reduce_tensor, tensor_summary
+from service.introspection.tensor_stats import finite_stats, reduce_tensor, tensor_summary
+from service.specs.vocab import Reduce
 
 
 def _x() -> torch.Tensor:

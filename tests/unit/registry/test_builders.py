@@ -12,7 +12,7 @@ from torch import nn
 
 from service.errors import ModelLoadError
 from service.registry.builders import build_module, build_optimizer
-from service.registry.spec import ModelSpec, OptimizerSpec, Source
+from service.specs.model import ModelSpec, OptimizerSpec, Source
 from service.zoo.lenet import LeNet
 
 TINY_FILE = """

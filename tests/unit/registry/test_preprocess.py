@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 
 from service.registry.loader import resolve_preprocess
 from service.registry.preprocess import center_crop_box, denormalize, preprocess_image, resized_size
-from service.registry.spec import Interpolation, ModelSpec, PreprocessSpec
+from service.specs.model import Interpolation, ModelSpec, PreprocessSpec
 
 MODES = {
     Interpolation.bilinear: v2.InterpolationMode.BILINEAR,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import InvalidField
-from service.registry.spec import (
+from service.specs.model import (
     DType,
     Interpolation,
     ModelSpec,

@@ -12,8 +12,8 @@ from torch import nn
 
 from service.errors import ModelLoadError
 from service.registry.loader import load_model
-from service.registry.spec import ModelSpec
 from service.registry.weights import load_into, load_optimizer_state, read_weights, split_checkpoint
+from service.specs.model import ModelSpec
 from service.zoo.lenet import LeNet
 
 

@@ -13,7 +13,6 @@ from service.codecs.oip import Datatype, float32_to_bf16_bits
 from service.config import Settings
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
-from service.registry.spec import ModelSpec, PreprocessSpec
 from service.runtime.oip import (
     OutputPlan,
     as_array,
@@ -23,6 +22,7 @@ from service.runtime.oip import (
     tensor_batch,
 )
 from service.runtime.oip_request import decode_infer, encode_infer
+from service.specs.model import ModelSpec, PreprocessSpec
 
 
 class Tiny(nn.Module):

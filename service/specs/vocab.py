@@ -1,0 +1,63 @@
+"""Closed vocabularies of the API: capture sides, reductions, answer formats, tensor dtype names.
+
+Torch-free, so request schemas (and the OpenAPI page) can use them without loading torch.
+Which binary formats exist, and how each is written, is `service.codecs.formats`' table;
+`tests/unit/codecs/test_formats.py` checks that every binary member here has a row there.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+TENSOR_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+"""dtype names a request may give a tensor in (the dtype table `service.dtypes` knows each)."""
+
+
+class Capture(StrEnum):
+    """Which side of a layer /activations records."""
+
+    output = "output"
+    input = "input"
+    both = "both"
+
+
+class Reduce(StrEnum):
+    """How /activations shrinks a tensor `[N, C, ...]`: over spatial dims, or to `[N, -1]`."""
+
+    mean = "mean"
+    max = "max"
+    flatten = "flatten"
+
+
+class TensorFormat(StrEnum):
+    """How tensors come back (/gradients)."""
+
+    json = "json"
+    safetensors = "safetensors"
+    npz = "npz"
+
+
+class ActivationFormat(StrEnum):
+    """How /activations answers: tensors, their statistics, a binary file, or a feature-map picture."""
+
+    json = "json"
+    stats = "stats"
+    safetensors = "safetensors"
+    npz = "npz"
+    png = "png"
+
+
+class SaliencyFormat(StrEnum):
+    """How /saliency answers: tensors, a binary file, or heatmaps over the inputs."""
+
+    json = "json"
+    safetensors = "safetensors"
+    npz = "npz"
+    png = "png"
+
+
+class TensorFileFormat(StrEnum):
+    """One state-dict tensor as a file."""
+
+    npy = "npy"
+    safetensors = "safetensors"
