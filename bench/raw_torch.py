@@ -25,7 +25,7 @@ from torch import nn
 
 from bench.machine import CpuMeter, run_side_by_side
 from bench.stats import latency_summary
-from service.registry.preprocess import preprocess_image
+from service.codecs.preprocess import preprocess_image
 from service.specs.model import PreprocessSpec
 
 RESNET_SPEC = PreprocessSpec()  # resnet18's default: resize 256, center crop 224, bilinear, ImageNet mean/std

@@ -11,7 +11,7 @@ from PIL import Image
 
 from bench.payloads import Payload, b64, json_payload, multipart_payload
 from bench.raw_torch import RESNET_SPEC
-from service.registry.preprocess import preprocess_image
+from service.codecs.preprocess import preprocess_image
 
 ONE_LAYER = "layer1.0.conv1"  # output [1, 64, 56, 56] for a 224x224 input
 LENET_SAMPLE = Path(__file__).resolve().parent.parent / "service" / "zoo" / "samples" / "digit_3.png"

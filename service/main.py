@@ -21,7 +21,7 @@ from service.api.openapi import install_openapi
 from service.api.state import AppState
 from service.config import Settings
 from service.registry.builtin import ZOO_DIR, builtin_specs
-from service.registry.registry import Registry
+from service.runtime.fleet import Fleet
 from service.runtime.threads import pin_torch_threads
 from service.specs.model import load_specs
 
@@ -41,26 +41,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = Registry(settings, on_job=job_observer(app), on_remove=removal_observer(app))
+        fleet = Fleet(settings, on_job=job_observer(app), on_remove=removal_observer(app))
         pool = ThreadPoolExecutor(
             max_workers=max(1, settings.decode_threads),
             thread_name_prefix="hookserve-decode",
             initializer=pin_torch_threads,  # only the wide runner may use several torch threads
             initargs=(1,),
         )
-        state = AppState(settings=settings, registry=registry, decode_pool=pool)
+        state = AppState(settings=settings, fleet=fleet, decode_pool=pool)
         app.state.hookserve = state
         if settings.config is not None:
             for spec in load_specs(Path(settings.config)):
-                registry.add(spec)
+                fleet.add(spec)
         else:
             for spec in builtin_specs():
-                registry.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
+                fleet.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
         try:
             yield
         finally:
             state.draining = True
-            await registry.close()
+            await fleet.close()
             pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from safetensors.torch import load as safetensors_load
 
+from service.codecs.preprocess import preprocess_image
 from service.config import Settings
 from service.main import create_app
 from service.registry.loader import use_channels_last
-from service.registry.preprocess import preprocess_image
 from service.specs.model import MemoryFormat
 from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, lenet_preprocess_spec, samples_dir, weights_path
 

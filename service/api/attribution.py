@@ -14,12 +14,12 @@ from service.api.responses import OCTET, binary_response, json_response, png_res
 from service.api.running import prepare
 from service.api.state import StateDep
 from service.codecs.pictures import heatmap_grid_png, heatmap_overlay_png
+from service.codecs.preprocess import denormalize
 from service.codecs.tensors import json_tensor
 from service.errors import InvalidField
 from service.introspection.layers import resolve_layers
 from service.introspection.saliency import SaliencyItem, SaliencyMethod
 from service.introspection.targets import TargetSpec
-from service.registry.preprocess import denormalize
 from service.runtime.attribution_jobs import run_gradients, run_saliency
 from service.schemas.attribution import GradientsRequest, GradientsResponse, SaliencyRequest, SaliencyResponse
 from service.specs.model import PreprocessSpec

@@ -90,5 +90,5 @@ async def _save_upload(request: Request, path: Path) -> None:
 async def _inspect(state: AppState, path: Path, compare_to: str | None, stats: bool) -> dict[str, Any]:
     if compare_to is None:
         return await run_in_threadpool(inspect_checkpoint, path, None, stats)
-    model, executor = state.registry.ready(compare_to)
+    model, executor = state.fleet.ready(compare_to)
     return await executor.run_shared(lambda: inspect_checkpoint(path, model.module, stats))

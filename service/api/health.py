@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from service.api.state import StateDep
-from service.registry.registry import Status
+from service.runtime.fleet import Status
 from service.schemas.models import Health
 
 router = APIRouter(tags=["health"])
@@ -26,7 +26,7 @@ async def healthz() -> Health:
 async def readyz(state: StateDep) -> JSONResponse:
     not_ready = {
         e.spec.name: {"status": e.status.value, **({"error": e.error} if e.error else {})}
-        for e in state.registry.entries()
+        for e in state.fleet.entries()
         if e.status is not Status.ready
     }
     if not_ready or state.draining:

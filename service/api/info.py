@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.introspection.hooks import count_hooks
-from service.registry.registry import Entry
+from service.runtime.fleet import Entry
 from service.schemas.models import ModelDetail, ModelInfo
 
 

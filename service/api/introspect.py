@@ -33,7 +33,7 @@ MAX_SUMMARY_DEPTH = 16
     responses=error_responses(404, 409),
 )
 async def layers(name: ModelName, state: StateDep) -> Response:
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     tree = await executor.run_shared(lambda: [dataclasses.asdict(node) for node in layer_tree(model.module)])
     return await json_response({"layers": tree}, state.settings)
 
@@ -56,7 +56,7 @@ async def summary(
     ] = None,
     depth: Annotated[int, Query(ge=0, le=MAX_SUMMARY_DEPTH, description="torchinfo's depth.")] = 3,
 ) -> Response:
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     size = _parse_sizes(input_size) if input_size else [1, *model.input_size]
     key = ("summary", tuple(size), depth, str(model.dtype))
     cached = model.summary_cache.get(key)
@@ -100,7 +100,7 @@ async def state_dict(
     key: Annotated[str | None, Query(description="Download this one tensor (needs `format`).")] = None,
     format: Annotated[TensorFileFormat | None, Query(description="npy | safetensors, with `key`.")] = None,
 ) -> Response:
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     if key is not None:
         tensor = await executor.run_shared(lambda: get_tensor(model.module, key))
         check_binary_size({key: tensor}, state.settings)
@@ -123,7 +123,7 @@ async def state_dict(
     responses=error_responses(404, 409),
 )
 async def optimizer(name: ModelName, state: StateDep) -> Response:
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     opt = model.optimizer
     if opt is None:
         raise NotFound(f"model {name!r} has no optimizer (configure [models.optimizer] or load a training checkpoint)")

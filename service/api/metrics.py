@@ -2,7 +2,7 @@
 
 Request counters and histograms are updated by the observability middleware and the
 executors' job callback (batch sizes, time queued, time running); model state, load time,
-queue depth and device memory are read from the Registry at scrape time by a custom
+queue depth and device memory are read from the Fleet at scrape time by a custom
 collector, so they are never stale.
 """
 
@@ -18,20 +18,20 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from service.registry.registry import Registry, Status
 from service.runtime.executor import JobObserver, JobRecord
+from service.runtime.fleet import Fleet, Status
 from service.runtime.jobs import JobKind
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-RegistrySource = Callable[[], Registry | None]
+FleetSource = Callable[[], Fleet | None]
 
 
-class RegistryCollector(Collector):
+class FleetCollector(Collector):
     """Scrape-time gauges over the model registry (and CUDA memory when a GPU is present)."""
 
-    def __init__(self, source: RegistrySource) -> None:
+    def __init__(self, source: FleetSource) -> None:
         self._source = source
 
     def collect(self) -> Iterable[Metric]:
@@ -75,7 +75,7 @@ def device_memory_families() -> list[Metric]:
 class Metrics:
     """The app's collectors: requests, latency and batch sizes, plus the registry collector."""
 
-    def __init__(self, source: RegistrySource) -> None:
+    def __init__(self, source: FleetSource) -> None:
         self.source = source
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -113,7 +113,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(RegistryCollector(source))
+        self.registry.register(FleetCollector(source))
 
     def observe_request(self, route: str, method: str, model: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, model, str(status)).inc()
@@ -148,13 +148,13 @@ class Metrics:
         return encoder(self.registry), content_type
 
 
-def app_registry(app: FastAPI) -> RegistrySource:
+def app_registry(app: FastAPI) -> FleetSource:
     """Reads `app.state.hookserve.registry`, which exists only while the lifespan runs."""
 
-    def source() -> Registry | None:
+    def source() -> Fleet | None:
         state = getattr(app.state, "hookserve", None)
-        registry: Registry | None = getattr(state, "registry", None)
-        return registry
+        fleet: Fleet | None = getattr(state, "fleet", None)
+        return fleet
 
     return source
 
@@ -169,12 +169,12 @@ def metrics_of(app: FastAPI) -> Metrics:
 
 
 def job_observer(app: FastAPI) -> JobObserver:
-    """Pass as `Registry(settings, on_job=job_observer(app))`: feeds the batch-size and job-time histograms."""
+    """Pass as `Fleet(settings, on_job=job_observer(app))`: feeds the batch-size and job-time histograms."""
     return metrics_of(app).observe_job
 
 
 def removal_observer(app: FastAPI) -> Callable[[str], None]:
-    """Pass as `Registry(..., on_remove=removal_observer(app))`: drops an unloaded model's series."""
+    """Pass as `Fleet(..., on_remove=removal_observer(app))`: drops an unloaded model's series."""
     return metrics_of(app).forget_model
 
 

@@ -21,7 +21,7 @@ ModelName = Annotated[str, Path(description="A model name from GET /models.", ex
 
 @router.get("/models", response_model=ModelList, summary="Every registered model")
 async def list_models(state: StateDep) -> ModelList:
-    return ModelList(models=[model_info(e) for e in state.registry.entries()])
+    return ModelList(models=[model_info(e) for e in state.fleet.entries()])
 
 
 @router.get(
@@ -31,7 +31,7 @@ async def list_models(state: StateDep) -> ModelList:
     responses=error_responses(404),
 )
 async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
-    return model_detail(state.registry.entry(name))
+    return model_detail(state.fleet.entry(name))
 
 
 @router.post(
@@ -46,7 +46,7 @@ async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
 async def load_model(request: Request, state: StateDep) -> JSONResponse:
     """The body is read only after the token is checked: nobody learns anything without it."""
     spec = validate(LoadModelRequest, await read_json(request))
-    entry = state.registry.add(spec)
+    entry = state.fleet.add(spec)
     return JSONResponse(model_info(entry).model_dump(mode="json"), status_code=202)
 
 
@@ -58,7 +58,7 @@ async def load_model(request: Request, state: StateDep) -> JSONResponse:
     responses=error_responses(401, 403, 404),
 )
 async def unload_model(name: ModelName, state: StateDep) -> ModelInfo:
-    entry = state.registry.entry(name)
+    entry = state.fleet.entry(name)
     info = model_info(entry)
-    await state.registry.remove(name)
+    await state.fleet.remove(name)
     return info

@@ -36,7 +36,7 @@ async def prepare(request: Request, state: AppState, body_cls: type[B], *, annou
     """
     parsed = await parse_body(request, body_cls, state.settings)
     set_request_model(request, parsed.body.model)
-    model, executor = state.registry.ready(parsed.body.model)
+    model, executor = state.fleet.ready(parsed.body.model)
     if announce:
         executor.announce()
     try:

@@ -9,13 +9,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.config import Settings
-from service.registry.registry import Registry
+from service.runtime.fleet import Fleet
 
 
 @dataclass
 class AppState:
     settings: Settings
-    registry: Registry
+    fleet: Fleet
     decode_pool: ThreadPoolExecutor
     draining: bool = False
 

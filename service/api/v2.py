@@ -16,8 +16,8 @@ from service.api.openapi import register_schema
 from service.api.state import StateDep
 from service.codecs.oip import HEADER_LENGTH
 from service.errors import BadInput, InvalidField, NotFound
-from service.registry.registry import Status
 from service.runtime import oip_repository
+from service.runtime.fleet import Status
 from service.runtime.oip import PLATFORM, infer, input_info, output_info
 from service.runtime.oip_request import decode_body, encode_infer
 from service.schemas.v2 import (
@@ -101,7 +101,7 @@ async def server_live() -> Live:
 async def server_ready(state: StateDep) -> Any:
     if state.draining:
         return _not_ready("server is shutting down")
-    waiting = [f"{e.spec.name} ({e.status})" for e in state.registry.entries() if e.status is not Status.ready]
+    waiting = [f"{e.spec.name} ({e.status})" for e in state.fleet.entries() if e.status is not Status.ready]
     if waiting:
         return _not_ready(f"models not ready: {', '.join(waiting)}")
     return Ready(ready=True)
@@ -109,7 +109,7 @@ async def server_ready(state: StateDep) -> Any:
 
 async def _model_metadata(name: str, version: str | None, state: StateDep) -> ModelMetadata:
     _check_version(name, version)
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     tensors = [input_info(model), *await output_info(model, executor)]
     meta = [TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape) for t in tensors]
     return ModelMetadata(name=name, versions=VERSIONS, platform=PLATFORM, inputs=meta[:1], outputs=meta[1:])
@@ -137,7 +137,7 @@ async def model_version_metadata(name: ModelName, version: Version, state: State
 
 async def _model_ready(name: str, version: str | None, state: StateDep) -> Any:
     _check_version(name, version)
-    entry = state.registry.entry(name)
+    entry = state.fleet.entry(name)
     if entry.status is not Status.ready:
         return _not_ready(f"model {name!r} is {entry.status}" + (f": {entry.error}" if entry.error else ""))
     return ModelReady(name=name, ready=True)
@@ -187,7 +187,7 @@ _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def _infer(name: str, version: str | None, request: Request, state: StateDep) -> Response:
     _check_version(name, version)
-    model, executor = state.registry.ready(name)
+    model, executor = state.fleet.ready(name)
     body = await request.body()
     loop = asyncio.get_running_loop()
     decoded = await loop.run_in_executor(
@@ -243,7 +243,7 @@ async def model_version_infer(name: ModelName, version: Version, request: Reques
 )
 async def repository_index(request: Request, state: StateDep) -> list[dict[str, Any]]:
     body = await _read_json(request, RepositoryIndexRequest)
-    return oip_repository.repository_index(state.registry, ready_only=body.ready)
+    return oip_repository.repository_index(state.fleet, ready_only=body.ready)
 
 
 @router.post(
@@ -261,7 +261,7 @@ async def repository_load(name: ModelName, request: Request, state: StateDep) ->
     config = params.get("config")
     if config is not None and not isinstance(config, str):
         raise InvalidField("parameters.config must be a string holding a JSON model spec")
-    await oip_repository.load(state.registry, name, config)
+    await oip_repository.load(state.fleet, name, config)
     return JSONResponse({})
 
 
@@ -274,5 +274,5 @@ async def repository_load(name: ModelName, request: Request, state: StateDep) ->
 )
 async def repository_unload(name: ModelName, request: Request, state: StateDep) -> JSONResponse:
     await _read_json(request, RepositoryUnloadRequest)
-    await oip_repository.unload(state.registry, name)
+    await oip_repository.unload(state.fleet, name)
     return JSONResponse({})

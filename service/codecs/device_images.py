@@ -1,6 +1,6 @@
 """JPEG decode and preprocessing on the model's device (nvJPEG on CUDA), for GPU-served models.
 
-The same steps as `service.registry.preprocess` (shorter-side antialiased resize, center crop,
+The same steps as `service.codecs.preprocess` (shorter-side antialiased resize, center crop,
 scale, normalize) on uint8 tensors with torchvision's functional ops, so the CPU never
 touches the pixels. The PIL path stays the reference; this one agrees with it to within
 resampling rounding.
@@ -16,8 +16,8 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from service.codecs.preprocess import center_crop_box, per_channel, resized_size
 from service.errors import BadInput, TooLarge
-from service.registry.preprocess import center_crop_box, per_channel, resized_size
 from service.specs.model import Interpolation, PreprocessSpec
 
 _MODES = {

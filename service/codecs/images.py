@@ -8,8 +8,8 @@ import warnings
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from service.codecs.preprocess import preprocess_image
 from service.errors import BadInput, TooLarge
-from service.registry.preprocess import preprocess_image
 from service.specs.model import PreprocessSpec
 
 # We enforce our own (configurable) limit from the header, before any pixel is decoded.

@@ -12,11 +12,12 @@ from torch import nn
 
 from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
-from service.registry.builders import DEFAULT_WEIGHTS, build_module, build_optimizer
 from service.registry.devices import pick_device
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
+from service.registry.optimizers import build_optimizer
 from service.registry.paths import resolve_under
+from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
 from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
 

@@ -15,7 +15,7 @@ import orjson
 from pydantic import ValidationError
 
 from service.errors import Conflict, InvalidField, NotFound
-from service.registry.registry import Entry, Registry, Status
+from service.runtime.fleet import Entry, Fleet, Status
 from service.specs.model import ModelSpec
 
 
@@ -25,7 +25,7 @@ class RepositoryState(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-def repository_index(registry: Registry, ready_only: bool = False) -> list[dict[str, Any]]:
+def repository_index(registry: Fleet, ready_only: bool = False) -> list[dict[str, Any]]:
     """Every registered or unloaded model with its state and the reason it is not ready, sorted by name."""
     rows: dict[str, dict[str, Any]] = {}
     for name in registry.retired:
@@ -45,7 +45,7 @@ def _state(entry: Entry) -> tuple[RepositoryState, str]:
     return RepositoryState.UNAVAILABLE, entry.error or "failed to load"
 
 
-async def load(registry: Registry, name: str, config: str | None = None) -> Entry:
+async def load(registry: Fleet, name: str, config: str | None = None) -> Entry:
     """Load `name` and wait until it is ready: a new spec from `config` (JSON), else the one it had.
 
     Already ready or loading: waits for it. A failed model is loaded again. A load that fails is a 409.
@@ -87,7 +87,7 @@ def _spec_from_config(name: str, config: str) -> ModelSpec:
         raise InvalidField("parameters.config: " + "; ".join(problems)) from None
 
 
-async def unload(registry: Registry, name: str) -> None:
+async def unload(registry: Fleet, name: str) -> None:
     """Release the model and remember its spec; unloading an unloaded model is a no-op."""
     if name not in registry:
         if name in registry.retired:

@@ -21,7 +21,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 
-from service.registry.preprocess import preprocess_image
+from service.codecs.preprocess import preprocess_image
 from service.zoo.lenet import LENET_INPUT_SIZE, LeNet, lenet_preprocess_spec, samples_dir, weights_path
 
 TRAIN_SIZE = 1437

@@ -261,6 +261,6 @@ def test_errors_leave_no_announced_requests_behind(builtin_client: TestClient) -
     """Requests that fail while decoding must withdraw their announcement, or batches would wait for them."""
     for inputs in ([{"image": "###"}], [tensor([1, 32, 32])], [{"image": b64(bomb_png())}]):
         assert builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs}).status_code >= 400
-    executor = builtin_client.app.state.hookserve.registry.entry("lenet").executor  # type: ignore[attr-defined]
+    executor = builtin_client.app.state.hookserve.fleet.entry("lenet").executor  # type: ignore[attr-defined]
     assert executor._incoming == 0
     assert builtin_client.get("/models/lenet").json()["hooks"] == 0

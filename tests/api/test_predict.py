@@ -323,7 +323,7 @@ def test_multipart_accepts_any_file_type_header(builtin_client: TestClient) -> N
 
 
 def test_concurrent_requests_get_their_own_answers(builtin_client: TestClient) -> None:
-    executor = builtin_client.app.state.hookserve.registry.entry("lenet").executor  # type: ignore[attr-defined]
+    executor = builtin_client.app.state.hookserve.fleet.entry("lenet").executor  # type: ignore[attr-defined]
     before = (executor.stats.batches, executor.stats.batched_samples)
     digits = list(range(10)) * 2
 

@@ -256,7 +256,7 @@ def test_integrated_gradients_completeness(client: TestClient, lenet: LeNet) -> 
 
 def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
     """steps × inputs = 400 examples, but no forward sees more than ig_internal_batch_size of them."""
-    model = client.app.state.hookserve.registry.ready("probe")[0].module  # type: ignore[attr-defined]
+    model = client.app.state.hookserve.fleet.ready("probe")[0].module  # type: ignore[attr-defined]
     model.max_batch = 0
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     out = saliency(

@@ -11,8 +11,8 @@ from PIL import Image
 from skimage import data as skdata
 
 from service.codecs.device_images import is_jpeg, jpeg_to_tensor, preprocess_tensor
+from service.codecs.preprocess import preprocess_image
 from service.errors import BadInput, TooLarge
-from service.registry.preprocess import preprocess_image
 from service.specs.model import PreprocessSpec
 
 CPU = torch.device("cpu")

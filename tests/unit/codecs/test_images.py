@@ -12,8 +12,8 @@ import torch
 from PIL import Image, ImageFile
 
 from service.codecs.images import image_to_tensor, open_image
+from service.codecs.preprocess import preprocess_image
 from service.errors import BadInput, TooLarge
-from service.registry.preprocess import preprocess_image
 from service.specs.model import PreprocessSpec
 
 LIMIT = 40_000_000

@@ -12,7 +12,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch import nn
 
-from service.registry.preprocess import preprocess_image
+from service.codecs.preprocess import preprocess_image
 from service.zoo.lenet import (
     LENET_INPUT_SIZE,
     LeNet,

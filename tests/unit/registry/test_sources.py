@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from service.errors import ModelLoadError
-from service.registry.builders import build_module, build_optimizer
+from service.registry.optimizers import build_optimizer
+from service.registry.sources import build_module, register_source, registered_sources
 from service.specs.model import ModelSpec, OptimizerSpec, Source
 from service.zoo.lenet import LeNet
 
@@ -160,3 +161,12 @@ def test_bad_optimizers_fail(optimizer: dict[str, Any], needle: str) -> None:
 
 def test_source_enum_is_closed() -> None:
     assert {s.value for s in Source} == {"torchvision", "timm", "python"}
+
+
+def test_every_source_has_exactly_one_builder() -> None:
+    assert set(registered_sources()) == set(Source)
+
+
+def test_a_source_registered_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="registered twice"):
+        register_source(Source.timm)(lambda spec, root, pretrained: torch.nn.Identity())

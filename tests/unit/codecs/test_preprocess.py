@@ -15,8 +15,8 @@ from timm.data.config import resolve_data_config
 from timm.data.transforms_factory import create_transform
 from torchvision.transforms import v2
 
+from service.codecs.preprocess import center_crop_box, denormalize, preprocess_image, resized_size
 from service.registry.loader import resolve_preprocess
-from service.registry.preprocess import center_crop_box, denormalize, preprocess_image, resized_size
 from service.specs.model import Interpolation, ModelSpec, PreprocessSpec
 
 MODES = {

@@ -48,7 +48,7 @@ class Entry:
     task: asyncio.Future[None] | None = field(default=None, repr=False)
 
 
-class Registry:
+class Fleet:
     """Name -> Entry. Loading happens on a small thread pool so the event loop keeps serving."""
 
     def __init__(
