@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check service tests bench
 	$(VENV)/bin/ruff format --check service tests bench
-	$(VENV)/bin/mypy service bench
+	$(VENV)/bin/mypy service bench tests
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -71,7 +71,7 @@ def make_jpeg(quality: int = 90) -> bytes:
     from skimage import data
 
     out = io.BytesIO()
-    pixels = data.chelsea()  # type: ignore[no-untyped-call]
+    pixels = data.chelsea()
     Image.fromarray(pixels).save(out, format="JPEG", quality=quality)
     return out.getvalue()
 

@@ -1,4 +1,4 @@
-"""The application factory: `create_app(settings)`; the lifespan owns registry and pools."""
+"""The application factory: `create_app(settings)`; the lifespan owns the fleet, the data plane and the pools."""
 
 from __future__ import annotations
 
@@ -12,14 +12,26 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
-from service.api import activations, attribution, checkpoints, health, introspect, models, predict, v2
+from service.api.deps import AppState
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import job_observer, removal_observer
 from service.api.observability import install_observability
 from service.api.openapi import install_openapi
-from service.api.state import AppState
+from service.api.routes import (
+    activations,
+    checkpoints,
+    gradients,
+    health,
+    introspect,
+    metrics,
+    models,
+    predict,
+    saliency,
+    v2,
+)
 from service.config import Settings
+from service.dataplane.plane import DataPlane
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.runtime.fleet import Fleet
 from service.runtime.threads import pin_torch_threads
@@ -34,6 +46,18 @@ batching, per-layer activations from request-scoped hooks, gradients and salienc
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
+ROUTERS = (
+    health.router,
+    models.router,
+    predict.router,
+    activations.router,
+    gradients.router,
+    saliency.router,
+    introspect.router,
+    checkpoints.router,
+    metrics.router,
+    v2.router,  # /v2: the Open Inference Protocol, with its own error envelope
+)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -48,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             initializer=pin_torch_threads,  # only the wide runner may use several torch threads
             initargs=(1,),
         )
-        state = AppState(settings=settings, fleet=fleet, decode_pool=pool)
+        state = AppState(settings=settings, fleet=fleet, plane=DataPlane(settings, fleet, pool))
         app.state.hookserve = state
         if settings.config is not None:
             for spec in load_specs(Path(settings.config)):
@@ -77,22 +101,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     install_openapi(app)
-    for router in (
-        health.router,
-        models.router,
-        predict.router,
-        activations.router,
-        attribution.router,
-        introspect.router,
-        checkpoints.router,
-        v2.router,
-    ):
+    for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(
         BodyLimitMiddleware,
         limit=settings.max_body_bytes,
         upload_limit=settings.max_upload_bytes,
         upload_paths=UPLOAD_PATHS,
+        envelopes={v2.PREFIX: v2.oip_error_body},
     )
     if settings.cors_origins:  # outside the body limit, so a browser can read its 413
         app.add_middleware(

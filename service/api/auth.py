@@ -6,7 +6,7 @@ import hmac
 
 from fastapi import Request
 
-from service.api.state import StateDep
+from service.api.deps import StateDep
 from service.errors import Forbidden, Unauthorized
 
 

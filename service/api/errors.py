@@ -1,4 +1,7 @@
-"""The one place that turns errors into HTTP answers: `{"detail": ...}`, never a traceback."""
+"""The one place that turns errors into HTTP answers: `{"detail": ...}`, never a traceback.
+
+/v2 routes answer in their protocol's envelope instead (`service.api.routes.v2.OipRoute`).
+"""
 
 from __future__ import annotations
 
@@ -22,13 +25,6 @@ def _error(status: int, detail: Any, headers: Mapping[str, str] | None = None) -
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
-def _answer(request: Request, status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """`{"detail": ...}`, or under `/v2` the Open Inference Protocol's `{"error": "<text>"}`."""
-    if request.url.path.startswith("/v2"):
-        return JSONResponse({"error": _as_text(detail)}, status_code=status, headers=headers)
-    return _error(status, detail, headers)
-
-
 def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
     """Pydantic errors without echoing huge inputs or internal URLs."""
     cleaned = []
@@ -41,15 +37,15 @@ def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HookserveError)
     async def _domain(request: Request, exc: HookserveError) -> JSONResponse:
-        return _answer(request, exc.status, exc.detail, exc.headers)
+        return _error(exc.status, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _answer(request, 422, clean_validation_errors(exc.errors()))
+        return _error(422, clean_validation_errors(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _answer(request, exc.status_code, exc.detail, exc.headers)
+        return _error(exc.status_code, exc.detail, exc.headers)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
@@ -59,12 +55,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        if request.url.path.startswith("/v2"):
-            return JSONResponse({"error": "internal server error"}, status_code=500)
         return _error(500, "internal server error; the server log has the details")
 
 
-def _as_text(detail: Any) -> str:
+def as_text(detail: Any) -> str:
+    """A detail (a string, or pydantic's error list) as one line of text."""
     if isinstance(detail, str):
         return detail
     if isinstance(detail, list):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -13,8 +15,17 @@ class _BodyTooLarge(Exception):
 class BodyLimitMiddleware:
     """413 once a body passes its limit: `upload_limit` for multipart uploads to upload paths, `limit` elsewhere."""
 
-    def __init__(self, app: ASGIApp, limit: int, upload_limit: int, upload_paths: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        upload_limit: int,
+        upload_paths: tuple[str, ...],
+        envelopes: Mapping[str, Callable[[str], bytes]] | None = None,
+    ) -> None:
+        """`envelopes`: path prefix -> the error body for paths under it (default `{"detail": ...}`)."""
         self.app = app
+        self.envelopes = dict(envelopes or {})
         self.limit = limit
         self.upload_limit = upload_limit
         self.upload_paths = upload_paths
@@ -32,7 +43,7 @@ class BodyLimitMiddleware:
         limit, name = (self.upload_limit, "max_upload_bytes") if is_upload else (self.limit, "max_body_bytes")
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
-            await _send_413(send, path, limit, name)
+            await self._send_413(send, path, limit, name)
             return
         received = 0
         started = over = replaced = False
@@ -54,7 +65,7 @@ class BodyLimitMiddleware:
                 started = True
                 if over:
                     replaced = True
-                    await _send_413(send, path, limit, name)
+                    await self._send_413(send, path, limit, name)
             if not replaced:
                 await send(message)
 
@@ -62,17 +73,17 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _send_413(send, path, limit, name)
+                await self._send_413(send, path, limit, name)
 
-
-async def _send_413(send: Send, path: str, limit: int, name: str) -> None:
-    detail = f"request body over the {limit}-byte limit ({name})"
-    body = orjson.dumps({"error": detail} if path.startswith("/v2") else {"detail": detail})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    async def _send_413(self, send: Send, path: str, limit: int, name: str) -> None:
+        detail = f"request body over the {limit}-byte limit ({name})"
+        envelope = next((make for prefix, make in self.envelopes.items() if path.startswith(prefix)), None)
+        body = envelope(detail) if envelope is not None else orjson.dumps({"detail": detail})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -148,8 +148,8 @@ class Metrics:
         return encoder(self.registry), content_type
 
 
-def app_registry(app: FastAPI) -> FleetSource:
-    """Reads `app.state.hookserve.registry`, which exists only while the lifespan runs."""
+def app_fleet(app: FastAPI) -> FleetSource:
+    """Reads `app.state.hookserve.fleet`, which exists only while the lifespan runs."""
 
     def source() -> Fleet | None:
         state = getattr(app.state, "hookserve", None)
@@ -163,7 +163,7 @@ def metrics_of(app: FastAPI) -> Metrics:
     """The app's Metrics, created on first use and kept on `app.state.metrics`."""
     metrics: Metrics | None = getattr(app.state, "metrics", None)
     if metrics is None:
-        metrics = Metrics(app_registry(app))
+        metrics = Metrics(app_fleet(app))
         app.state.metrics = metrics
     return metrics
 
@@ -176,24 +176,3 @@ def job_observer(app: FastAPI) -> JobObserver:
 def removal_observer(app: FastAPI) -> Callable[[str], None]:
     """Pass as `Fleet(..., on_remove=removal_observer(app))`: drops an unloaded model's series."""
     return metrics_of(app).forget_model
-
-
-router = APIRouter(tags=["monitoring"])
-
-_EXAMPLE = (
-    "# HELP hookserve_requests_total HTTP requests by route template, method, model and status code.\n"
-    "# TYPE hookserve_requests_total counter\n"
-    'hookserve_requests_total{method="POST",model="lenet",route="/predict",status="200"} 3.0\n'
-    'hookserve_model_state{model="lenet",state="ready"} 1.0\n'
-)
-
-
-@router.get(
-    "/metrics",
-    summary="Prometheus metrics (text exposition; OpenMetrics when the Accept header asks for it)",
-    response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}, "example": _EXAMPLE}}}},
-)
-def metrics(request: Request) -> Response:
-    body, content_type = metrics_of(request.app).render(request.headers.get("accept"))
-    return Response(body, media_type=content_type)

@@ -21,7 +21,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.metrics import Metrics, metrics_of, router
+from service.api.metrics import Metrics, metrics_of
 from service.config import Settings
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -141,7 +141,7 @@ def _model_name(scope: Scope, route: str) -> str:
 
 
 def install_observability(app: FastAPI, settings: Settings) -> Metrics:
-    """Add the middleware (outermost: call after every other `add_middleware`) and `GET /metrics`.
+    """Add the middleware (outermost: call after every other `add_middleware`).
 
     Idempotent: a second call on the same app returns the installed Metrics. `settings` is
     accepted so the wiring reads like the other installers; the log level is applied by
@@ -150,7 +150,6 @@ def install_observability(app: FastAPI, settings: Settings) -> Metrics:
     if getattr(app.state, "observability_installed", False):
         return metrics_of(app)
     metrics = metrics_of(app)
-    app.include_router(router)
     app.add_middleware(ObservabilityMiddleware, metrics=metrics)
     app.state.observability_installed = True
     return metrics

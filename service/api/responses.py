@@ -10,13 +10,13 @@ import torch
 from fastapi import Response
 from starlette.concurrency import run_in_threadpool
 
-from service.codecs.binary import binary_size, npz_bytes, safetensors_bytes
+from service.codecs.binary import binary_size
+from service.codecs.formats import file_format
 from service.codecs.tensors import json_size_lower_bound
 from service.config import Settings
 from service.errors import TooLarge
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-OCTET = "application/octet-stream"
 TOO_BIG_ADVICE = (
     "ask for format=stats, a reduce (mean/max), fewer layers or inputs, or a binary format (safetensors/npz)"
 )
@@ -63,16 +63,17 @@ def check_binary_size(tensors: Mapping[str, torch.Tensor], settings: Settings) -
         )
 
 
-async def binary_response(
+async def file_response(
     fmt: str, tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any], settings: Settings, filename: str
 ) -> Response:
+    """Tensors (and the rest of the answer, as metadata) in one of `service.codecs.formats`' file formats."""
     check_binary_size(tensors, settings)
-    encode = safetensors_bytes if fmt == "safetensors" else npz_bytes
-    body = await run_in_threadpool(encode, tensors, rest)
+    row = file_format(fmt)
+    body = await run_in_threadpool(row.encode, tensors, rest)
     return Response(
         body,
-        media_type=OCTET,
-        headers={"Content-Disposition": f'attachment; filename="{filename}.{fmt}"'},
+        media_type=row.media_type,
+        headers={"Content-Disposition": f'attachment; filename="{filename}.{row.extension}"'},
     )
 
 

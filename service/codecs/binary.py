@@ -60,6 +60,13 @@ def npy_bytes(tensor: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
+def npy_file_bytes(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> bytes:
+    """One tensor as a .npy (the format has no room for the rest of the answer)."""
+    if len(tensors) != 1:
+        raise ValueError(f"a .npy file holds one tensor, not {len(tensors)}")
+    return npy_bytes(next(iter(tensors.values())))
+
+
 def binary_size(tensors: Mapping[str, torch.Tensor]) -> int:
     """Bytes the tensors take (the bulk of any binary answer)."""
     return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numpy.typing import NDArray
 from PIL import Image
 
 from service.codecs import colormap
+from service.codecs.preprocess import denormalize
 from service.errors import InvalidField
+from service.specs.model import PreprocessSpec
 
 SEPARATOR = 2  # px between tiles
 SEPARATOR_VALUE = 255  # white, so black (low) tiles stay distinct
@@ -147,3 +150,47 @@ def _encode(pixels: NDArray[np.uint8]) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")  # uint8 2-D: L, 3-D: RGB
     return buffer.getvalue()
+
+
+def activation_grid_png(outputs: Mapping[str, torch.Tensor], layer: str | None, channels: int) -> bytes:
+    """The feature maps of the first input at `layer` (default: the first captured output with channels).
+
+    `outputs` maps capture keys to layer outputs `[N, C, h, w]` (`[N, C]` and `[N, L]` are drawn as
+    1×1 or one-row maps).
+    """
+    if not outputs:
+        raise InvalidField("format=png draws layer outputs; capture 'output' or 'both'")
+    if layer is None:
+        candidates = [k for k, t in outputs.items() if t.ndim >= 3]
+        if not candidates:
+            raise InvalidField("format=png needs a layer whose output has channels and spatial dims ([N, C, H, W])")
+        layer = candidates[0]
+    if layer not in outputs:
+        raise InvalidField(f"png_layer {layer!r} is not among the captured layers {sorted(outputs)}")
+    fmap = outputs[layer][0]
+    if fmap.ndim == 1:
+        fmap = fmap[:, None, None]
+    elif fmap.ndim == 2:
+        fmap = fmap[None]
+    elif fmap.ndim > 3:
+        raise InvalidField(f"png: {layer!r} output has shape {list(outputs[layer].shape)}; need [N, C, H, W]")
+    return feature_grid_png(fmap.float(), channels, None)
+
+
+MIN_PICTURE_SIDE = 224
+
+
+def saliency_png(
+    inputs: Sequence[torch.Tensor], heatmaps: Sequence[torch.Tensor], preprocess: PreprocessSpec, alpha: float
+) -> bytes:
+    """Each heatmap blended over its de-normalised input; small inputs (a 32×32 digit) are enlarged to be seen."""
+    images = [denormalize(x.float(), preprocess) for x in inputs]
+    side = min(images[0].shape[-2:])
+    maps = list(heatmaps)
+    if side < MIN_PICTURE_SIDE:
+        factor = -(-MIN_PICTURE_SIDE // side)
+        images = [F.interpolate(x[None], scale_factor=factor, mode="nearest")[0] for x in images]
+        maps = [F.interpolate(h[None, None].float(), scale_factor=factor, mode="bilinear")[0, 0] for h in maps]
+    if len(images) == 1:
+        return heatmap_overlay_png(images[0], maps[0], alpha)
+    return heatmap_grid_png(images, maps, alpha)

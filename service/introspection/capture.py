@@ -95,3 +95,13 @@ def _flatten(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:
     elif isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
             yield from _flatten(f"{key}.{i}", v)
+
+
+def captured_outputs(captured: Captured) -> dict[str, Tensor]:
+    """The output side of each captured key (keys captured as input only are left out)."""
+    return {key: sides["output"] for key, sides in captured.items() if "output" in sides}
+
+
+def captured_tensors(captured: Captured) -> dict[str, Tensor]:
+    """Flat `{"<key>:<side>": tensor}`, the tensor names of binary /activations answers."""
+    return {f"{key}:{side}": t for key, sides in captured.items() for side, t in sides.items()}

@@ -48,8 +48,15 @@ def layer_tree(model: nn.Module) -> list[LayerNode]:
 _MAX_PROBLEMS = 10
 
 
-def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -> list[str]:
-    """Module paths named by exact names or fnmatch patterns, in `named_modules()` order, deduplicated.
+def module_names(model: nn.Module) -> list[str]:
+    """Every module path in `named_modules()` order (the root is `""`); computed once per loaded model."""
+    return [name for name, _ in model.named_modules(remove_duplicate=True)]
+
+
+def resolve_layers(names: Sequence[str], patterns: Sequence[str], max_layers: int) -> list[str]:
+    """Module paths named by exact names or fnmatch patterns, in `names`' order, deduplicated.
+
+    `names` are the model's module paths (`module_names`), so no model is read to resolve them.
 
     A pattern never matches the root; only the exact name `""` does. Unknown names, empty
     matches, an empty list and more than `max_layers` results are InvalidField (422).
@@ -58,7 +65,6 @@ def resolve_layers(model: nn.Module, patterns: Sequence[str], max_layers: int) -
         raise InvalidField("layers: name at least one layer (GET /models/{name}/layers lists them)")
     if len(patterns) > max_layers:  # refuse floods before any matching work
         raise InvalidField(f"layers: {len(patterns)} names given, more than the limit of {max_layers} (max_layers)")
-    names = [name for name, _ in model.named_modules(remove_duplicate=True)]
     known = set(names)
     chosen: set[str] = set()
     problems = []

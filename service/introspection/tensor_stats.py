@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -34,6 +35,11 @@ def reduce_tensor(t: Tensor, reduce: Reduce | None) -> Tensor:
     if any(t.shape[d] == 0 for d in dims):  # max over nothing
         return torch.full(tuple(t.shape[:2]), math.nan, dtype=torch.float32, device=t.device)
     return t.amax(dim=dims)
+
+
+def captured_stats(captured: Mapping[str, Mapping[str, Tensor]]) -> dict[str, dict[str, Any]]:
+    """`tensor_summary` of every captured tensor, keyed as captured (`{key: {side: stats}}`)."""
+    return {key: {side: tensor_summary(t) for side, t in sides.items()} for key, sides in captured.items()}
 
 
 def tensor_summary(t: Tensor) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class LoadedModel:
     num_parameters: int
     trainable_parameters: int
     text: str = field(repr=False)
+    layer_names: tuple[str, ...] = field(default=(), repr=False)  # module paths, named_modules() order
     channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
     compiled: nn.Module | None = field(default=None, repr=False)  # torch.compile'd forward for plain predictions
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)

@@ -12,6 +12,7 @@ from torch import nn
 
 from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
+from service.introspection.layers import module_names
 from service.registry.devices import pick_device
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
@@ -88,6 +89,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         num_parameters=sum(p.numel() for p in params),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         text=repr(module),
+        layer_names=tuple(module_names(module)),
         compiled=compiled,
         channels_last=channels_last,
     )

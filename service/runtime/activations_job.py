@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from service.introspection.capture import Captured, capture_activations
+from service.introspection.predictions import top_k_predictions
 from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import forward_checked, to_device
-from service.runtime.predictions import top_k_predictions
 from service.specs.vocab import Capture, Reduce
 
 
@@ -39,5 +39,5 @@ def run_activations(
         }
     predictions = None
     if isinstance(output, torch.Tensor) and output.ndim == 2:
-        predictions = top_k_predictions(output.detach().cpu(), 5, model, include_logits=False)
+        predictions = top_k_predictions(output.detach().cpu(), 5, model.label, include_logits=False)
     return ActivationsResult(captured, predictions)

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from service.config import Settings
+from service.introspection.attribution import MethodParams, SaliencyItem, compute_saliency
 from service.introspection.gradients import GradientResult, compute_gradients
-from service.introspection.saliency import SaliencyItem, SaliencyMethod, compute_saliency
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import foreign_shape_errors, forward_checked, to_device
@@ -26,37 +27,13 @@ def run_gradients(
 
 
 def run_saliency(
-    model: LoadedModel,
-    inputs: torch.Tensor,
-    method: SaliencyMethod,
-    target: TargetSpec,
-    *,
-    layer: str | None,
-    steps: int,
-    samples: int,
-    noise: float,
-    seed: int,
-    ig_internal_batch_size: int,
-    smoothgrad_batch_size: int,
+    model: LoadedModel, inputs: torch.Tensor, params: MethodParams, target: TargetSpec, settings: Settings
 ) -> list[SaliencyItem]:
     x = to_device(inputs, model)
     with torch.inference_mode():
         logits = class_scores(forward_checked(model, x))
     targets = resolve_targets(target, logits, model.labels)
-    items = compute_saliency(
-        model.module,
-        x,
-        method,
-        targets,
-        logits=logits,
-        layer_name=layer,
-        steps=steps,
-        samples=samples,
-        noise=noise,
-        seed=seed,
-        ig_internal_batch_size=ig_internal_batch_size,
-        smoothgrad_batch_size=smoothgrad_batch_size,
-    )
+    items = compute_saliency(model.module, x, params, targets, settings=settings, logits=logits)
     return [
         SaliencyItem(i.target, i.score, i.probability, i.attribution.cpu(), i.heatmap.cpu(), i.convergence_delta)
         for i in items

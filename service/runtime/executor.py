@@ -14,9 +14,9 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ import torch
 from service.errors import DeadlineExceeded, HookserveError, Unavailable
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
-from service.runtime.jobs import Job, JobKind, JobQueue
+from service.runtime.jobs import BatchJob, CallJob, JobKind, JobQueue
 from service.runtime.rwlock import ReadWriteLock
 from service.runtime.threads import ThreadBudget, pin_torch_threads
 
@@ -36,7 +36,6 @@ log = logging.getLogger("hookserve.executor")
 @dataclass(frozen=True)
 class ExecutorConfig:
     threads: int = 1
-    torch_threads: int = 1
     max_batch_size: int = 8
     max_batch_delay_ms: float = 5.0
     max_queue: int = 256
@@ -96,41 +95,44 @@ class ModelExecutor:
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    def announce(self) -> None:
-        """A request for this model is being decoded: batchers may wait for it."""
-        with self._incoming_lock:
-            self._incoming += 1
-
-    def withdraw(self) -> None:
-        with self._incoming_lock:
-            self._incoming = max(0, self._incoming - 1)
-        self._queue.wake()
-
     async def predict(
-        self, inputs: torch.Tensor, post: Callable[[Any], T] | None = None, *, announced: bool = False
+        self, inputs: torch.Tensor | Awaitable[torch.Tensor], post: Callable[[Any], T] | None = None
     ) -> Any:
         """Forward `inputs` [N, ...] as part of a dynamic batch; returns `post(this request's output slice)`.
 
-        `announced`: the caller called `announce()` before decoding; withdrawn once the job is queued.
+        `inputs` may be an awaitable (the request's decoding): while it runs, batches of this
+        model may wait for it, up to `max_batch_delay_ms`.
         """
         future: Future[Any] = Future()
-        try:
-            self._queue.put(Job(JobKind.predict, future, inputs=inputs, post=post))
-        finally:
-            if announced:
-                self.withdraw()
+        if isinstance(inputs, torch.Tensor):
+            self._queue.put(BatchJob(future, inputs, post))
+        else:
+            with self._incoming_request():
+                self._queue.put(BatchJob(future, await inputs, post))
         return await self._wait(future)
+
+    @contextmanager
+    def _incoming_request(self) -> Iterator[None]:
+        """Count a request being decoded (batchers may wait for it) until it is queued or fails."""
+        with self._incoming_lock:
+            self._incoming += 1
+        try:
+            yield
+        finally:
+            with self._incoming_lock:
+                self._incoming -= 1
+            self._queue.wake()
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread while holding the model exclusively (hooks allowed)."""
         future: Future[T] = Future()
-        self._queue.put(Job(JobKind.exclusive, future, fn=fn))
+        self._queue.put(CallJob(future, fn, JobKind.exclusive))
         return await self._wait(future)
 
     async def run_shared(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread beside prediction batches (reads only, no hooks)."""
         future: Future[T] = Future()
-        self._queue.put(Job(JobKind.shared, future, fn=fn))
+        self._queue.put(CallJob(future, fn, JobKind.shared))
         return await self._wait(future)
 
     async def _wait(self, future: Future[T]) -> T:
@@ -180,7 +182,7 @@ class ModelExecutor:
     def _work(self) -> None:
         pin_torch_threads(1)
         while (job := self._queue.take()) is not None:
-            if job.kind is JobKind.predict:
+            if isinstance(job, BatchJob):
                 delay = self.config.max_batch_delay_ms / 1000.0
                 batch = self._queue.take_batch(job, self.config.max_batch_size, delay, self._more_coming)
                 live = [j for j in batch if j.future.set_running_or_notify_cancel()]
@@ -189,14 +191,14 @@ class ModelExecutor:
             elif job.future.set_running_or_notify_cancel():
                 self._run_function(job)
 
-    def _report(self, kind: JobKind, jobs: list[Job], samples: int, began: float) -> None:
+    def _report(self, kind: JobKind, jobs: list[BatchJob] | list[CallJob], samples: int, began: float) -> None:
         if self._on_job is not None:
             waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
             self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
 
-    def _run_predict(self, jobs: list[Job]) -> None:
+    def _run_predict(self, jobs: list[BatchJob]) -> None:
         try:
-            inputs = [j.inputs for j in jobs if j.inputs is not None]
+            inputs = [j.inputs for j in jobs]
             outputs, began = self._call(lambda: run_batch(self.model, inputs), self._lock.shared)
         except BaseException as exc:  # every waiter must hear about the failure
             error = _domain_error(exc, self.model)
@@ -213,8 +215,7 @@ class ModelExecutor:
             except BaseException as exc:
                 job.future.set_exception(_domain_error(exc, self.model))
 
-    def _run_function(self, job: Job) -> None:
-        assert job.fn is not None  # exclusive and shared jobs always carry a function
+    def _run_function(self, job: CallJob) -> None:
         lock = self._lock.exclusive if job.kind is JobKind.exclusive else self._lock.shared
         try:
             result, began = self._call(job.fn, lock)

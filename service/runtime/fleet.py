@@ -1,4 +1,8 @@
-"""The registry of models: background loading, status, lookup, add and remove at run time."""
+"""The served models: each one's status, its loaded model and its executor; background loads, add, remove.
+
+The registry package is the catalogue (specs, sources, weights, `load_model`); the fleet
+runs what it loads. A removed model's spec is remembered, so /v2's repository can load it back.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,18 @@ class Retired:
 
     spec: ModelSpec
     root: Path | None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A ready model and the executor that alone runs it."""
+
+    model: LoadedModel
+    executor: ModelExecutor
+
+    @property
+    def name(self) -> str:
+        return self.model.name
 
 
 @dataclass
@@ -79,12 +95,13 @@ class Fleet:
             raise NotFound(f"no model named {name!r}; GET /models lists them")
         return entry
 
-    def ready(self, name: str) -> tuple[LoadedModel, ModelExecutor]:
+    def ready(self, name: str) -> ServedModel:
+        """The model called `name` if it is ready: 404 when unknown, 409 while loading or failed."""
         entry = self.entry(name)
         if entry.status is not Status.ready or entry.model is None or entry.executor is None:
             why = f": {entry.error}" if entry.error else ""
             raise Conflict(f"model {name!r} is {entry.status}{why}")
-        return entry.model, entry.executor
+        return ServedModel(entry.model, entry.executor)
 
     def add(self, spec: ModelSpec, root: Path | None = None) -> Entry:
         """Register a spec and start loading it in the background (replaces a failed entry)."""
@@ -114,7 +131,6 @@ class Fleet:
         spec = entry.spec
         config = ExecutorConfig(
             threads=s.worker_threads,
-            torch_threads=s.torch_threads,
             max_batch_size=spec.max_batch_size or s.max_batch_size,
             max_batch_delay_ms=s.max_batch_delay_ms if spec.max_batch_delay_ms is None else spec.max_batch_delay_ms,
             max_queue=s.max_queue,
@@ -125,11 +141,6 @@ class Fleet:
         entry.load_seconds = time.perf_counter() - started
         entry.status = Status.ready
         log.info("model %s ready on %s in %.2fs", spec.name, model.device, entry.load_seconds)
-
-    async def wait_loaded(self) -> None:
-        tasks = [e.task for e in self._entries.values() if e.task is not None]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def remove(self, name: str, *, release: bool = True) -> Entry:
         """Unregister, finish its queued jobs and release its memory before returning.

@@ -23,22 +23,35 @@ class JobKind(StrEnum):
 
 
 @dataclass(eq=False)
-class Job:
-    kind: JobKind
+class BatchJob:
+    """Inputs `[N, ...]` to forward as part of a batch; `post` runs on the worker on this job's output slice."""
+
     future: Future[Any]
-    inputs: torch.Tensor | None = None
-    fn: Callable[[], Any] | None = None
-    post: Callable[[Any], Any] | None = None  # runs on the worker on this job's output slice
+    inputs: torch.Tensor
+    post: Callable[[Any], Any] | None = None
     enqueued: float = field(default_factory=time.perf_counter)
+    kind: JobKind = JobKind.predict
 
     @property
     def size(self) -> int:
-        return 0 if self.inputs is None else int(self.inputs.shape[0])
+        return int(self.inputs.shape[0])
 
     @property
     def batch_key(self) -> tuple[Any, ...]:
-        assert self.inputs is not None  # predict jobs always carry inputs
         return tuple(self.inputs.shape[1:]), self.inputs.dtype
+
+
+@dataclass(eq=False)
+class CallJob:
+    """A function to run on the model: `exclusive` may register hooks, `shared` only reads."""
+
+    future: Future[Any]
+    fn: Callable[[], Any]
+    kind: JobKind
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+Job = BatchJob | CallJob
 
 
 class JobQueue:
@@ -71,9 +84,12 @@ class JobQueue:
                 self._cond.wait()
             return self._jobs.popleft()
 
-    def take_batch(self, first: Job, max_size: int, delay_s: float, more_coming: Callable[[], bool]) -> list[Job]:
+    def take_batch(
+        self, first: BatchJob, max_size: int, delay_s: float, more_coming: Callable[[], bool]
+    ) -> list[BatchJob]:
         """Add queued jobs of `first`'s shape until `max_size` samples, the delay, or nothing more to wait for."""
-        batch, size = [first], first.size
+        batch: list[BatchJob] = [first]
+        size = first.size
         deadline = time.perf_counter() + delay_s
         key = first.batch_key
         with self._cond:
@@ -81,7 +97,7 @@ class JobQueue:
                 index = 0
                 while index < len(self._jobs) and size < max_size:
                     job = self._jobs[index]
-                    if job.kind is JobKind.predict and job.batch_key == key and size + job.size <= max_size:
+                    if isinstance(job, BatchJob) and job.batch_key == key and size + job.size <= max_size:
                         del self._jobs[index]
                         batch.append(job)
                         size += job.size

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from service.introspection.saliency import SaliencyMethod
 from service.schemas.common import ModelInputs
 from service.specs.vocab import SaliencyFormat, TensorFormat
 
@@ -41,29 +39,10 @@ class GradientsResponse(BaseModel):
     gradients: dict[str, Any] = Field(..., description='`{"<layer>": TENSOR, "input": TENSOR}`')
 
 
-class Baseline(StrEnum):
-    zeros = "zeros"
+class SaliencyCommon(ModelInputs):
+    """The /saliency fields every method shares; each method adds its own (see `service.introspection.attribution`)."""
 
-
-class SaliencyRequest(ModelInputs):
-    model_config = ConfigDict(
-        extra="forbid",
-        protected_namespaces=(),
-        json_schema_extra={
-            "examples": [
-                {"model": "lenet", "inputs": [{"image": "<base64 PNG>"}], "method": "gradcam", "format": "png"}
-            ]
-        },
-    )
-
-    method: SaliencyMethod = Field(SaliencyMethod.GRADIENT, description="The attribution method (Captum's).")
     target: TargetField = Field(None, description=TARGET_DESCRIPTION)
-    layer: str | None = Field(None, description="gradcam: the layer (default the last Conv2d).")
-    steps: int = Field(50, ge=1, description="integrated_gradients: n_steps (limit max_ig_steps).")
-    baseline: Baseline = Field(Baseline.zeros, description="integrated_gradients baseline.")
-    samples: int = Field(25, ge=1, description="smoothgrad: nt_samples (limit max_smoothgrad_samples).")
-    noise: float = Field(0.15, ge=0.0, le=10.0, description="smoothgrad: stdev as a fraction of x.max() - x.min().")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="smoothgrad: the same seed gives the same map.")
     format: SaliencyFormat = SaliencyFormat.json
     alpha: float = Field(0.5, ge=0.0, le=1.0, description="png: heatmap opacity over the image.")
 
@@ -82,5 +61,5 @@ class SaliencyResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
     model: str
-    method: SaliencyMethod
+    method: str = Field(..., examples=["gradcam"])
     results: list[SaliencyResult]

@@ -30,16 +30,14 @@ class Reduce(StrEnum):
 
 
 class TensorFormat(StrEnum):
-    """How tensors come back (/gradients)."""
+    """How tensors come back."""
 
     json = "json"
     safetensors = "safetensors"
     npz = "npz"
 
 
-class ActivationFormat(StrEnum):
-    """How /activations answers: tensors, their statistics, a binary file, or a feature-map picture."""
-
+class ActivationFormat(StrEnum):  # tensors, their statistics, a binary file, or a feature-map picture
     json = "json"
     stats = "stats"
     safetensors = "safetensors"
@@ -47,17 +45,13 @@ class ActivationFormat(StrEnum):
     png = "png"
 
 
-class SaliencyFormat(StrEnum):
-    """How /saliency answers: tensors, a binary file, or heatmaps over the inputs."""
-
+class SaliencyFormat(StrEnum):  # tensors, a binary file, or heatmaps over the inputs
     json = "json"
     safetensors = "safetensors"
     npz = "npz"
     png = "png"
 
 
-class TensorFileFormat(StrEnum):
-    """One state-dict tensor as a file."""
-
+class TensorFileFormat(StrEnum):  # one state-dict tensor as a file
     npy = "npy"
     safetensors = "safetensors"

@@ -94,7 +94,7 @@ input_size = [4, 6, 6]
 def served(client: TestClient, name: str) -> nn.Module:
     """The module the server holds (read only by the tests, between requests)."""
     app: Any = client.app
-    module: nn.Module = app.state.hookserve.fleet.ready(name)[0].module
+    module: nn.Module = app.state.hookserve.fleet.ready(name).model.module
     return module
 
 

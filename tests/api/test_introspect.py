@@ -60,7 +60,7 @@ weight_decay = 0.1
 
 def served(client: TestClient, name: str) -> nn.Module:
     app: Any = client.app
-    module: nn.Module = app.state.hookserve.fleet.ready(name)[0].module
+    module: nn.Module = app.state.hookserve.fleet.ready(name).model.module
     return module
 
 
@@ -427,7 +427,7 @@ def test_optimizer_of_lenet_from_its_checkpoint(builtin_client: TestClient) -> N
         assert entry["entries"] == {"momentum_buffer": {"shape": shapes[name], "dtype": "float32"}}
 
     app: Any = builtin_client.app
-    optimizer = app.state.hookserve.fleet.ready("lenet")[0].optimizer
+    optimizer = app.state.hookserve.fleet.ready("lenet").model.optimizer
     live = optimizer.state_dict()["state"]
     assert sorted(live) == sorted(saved["state"]) == list(range(10))
     for index, state in saved["state"].items():

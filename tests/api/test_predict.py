@@ -167,7 +167,7 @@ def test_resnet18_preprocessing_equals_torchvision_v2(client: TestClient, r18: R
         "grayscale": False,
     }
     assert info["input_size"] == [3, 224, 224]
-    chelsea = Image.fromarray(skdata.chelsea())  # type: ignore[no-untyped-call]
+    chelsea = Image.fromarray(skdata.chelsea())
     files = [encode(chelsea, "PNG"), encode(chelsea, "JPEG", quality=90)]
     predictions = predict(
         client, {"model": "tv", "inputs": [{"image": b64(f)} for f in files], "include_logits": True, "top_k": 7}
@@ -343,6 +343,6 @@ def test_concurrent_requests_get_their_own_answers(builtin_client: TestClient) -
 
 def test_chelsea_fixture_is_what_we_think(tmp_path: Path) -> None:
     """Guards the parity test: chelsea is a non-square RGB photo, so resize and crop both matter."""
-    array = skdata.chelsea()  # type: ignore[no-untyped-call]
+    array = skdata.chelsea()
     assert array.shape == (300, 451, 3)
     assert array.dtype == np.uint8

@@ -168,6 +168,10 @@ def check_heatmap(heatmap: Tensor, size: tuple[int, int]) -> None:
 
 
 CASES = [(model, method) for model in ("lenet", "resnet18") for method in METHODS]
+PARAMS: dict[str, dict[str, Any]] = {  # each method takes its own parameters (a union discriminated by method)
+    "integrated_gradients": {"steps": STEPS},
+    "smoothgrad": {"samples": SAMPLES, "noise": NOISE, "seed": SEED},
+}
 
 
 @pytest.mark.parametrize(("model_name", "method"), CASES)
@@ -183,10 +187,7 @@ def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model
         inputs=[tensor_input(t) for t in x],
         method=method,
         target=targets,
-        steps=STEPS,
-        samples=SAMPLES,
-        noise=NOISE,
-        seed=SEED,
+        **PARAMS.get(method, {}),
     )
     want, deltas = captum(model, x, method, targets)
     with torch.no_grad():
@@ -256,7 +257,7 @@ def test_integrated_gradients_completeness(client: TestClient, lenet: LeNet) -> 
 
 def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
     """steps × inputs = 400 examples, but no forward sees more than ig_internal_batch_size of them."""
-    model = client.app.state.hookserve.fleet.ready("probe")[0].module  # type: ignore[attr-defined]
+    model = client.app.state.hookserve.fleet.ready("probe").model.module  # type: ignore[attr-defined]
     model.max_batch = 0
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     out = saliency(
@@ -302,7 +303,7 @@ def test_smoothgrad_is_seeded(client: TestClient) -> None:
         ({"method": "integrated_gradients", "steps": 0}, "steps"),
         ({"method": "smoothgrad", "noise": -0.1}, "noise"),
         ({"method": "lime"}, "method"),
-        ({"method": "gradient", "layer": "conv1"}, "gradcam only"),
+        ({"method": "gradient", "layer": "conv1"}, "'layer' is a parameter of gradcam, not of gradient"),
         ({"method": "gradcam", "layer": "fc1"}, "spatial"),
         ({"method": "gradcam", "layer": "conv9"}, "'conv1'"),
         ({"method": "gradcam", "layer": "conv*"}, "more than the limit of 1"),
@@ -366,7 +367,7 @@ def test_png_single_and_grid(client: TestClient, method: str) -> None:
                 "model": "lenet",
                 "inputs": [{"image": b64(sample_png(5))}],
                 "method": method,
-                "samples": 4,
+                **({"samples": 4} if method == "smoothgrad" else {}),
                 "format": "png",
             },
         )
@@ -380,7 +381,7 @@ def test_png_single_and_grid(client: TestClient, method: str) -> None:
                 "model": "lenet",
                 "inputs": [{"image": b64(sample_png(d))} for d in (1, 2, 3)],
                 "method": method,
-                "samples": 4,
+                **({"samples": 4} if method == "smoothgrad" else {}),
                 "format": "png",
             },
         )
@@ -394,7 +395,7 @@ def test_png_single_and_grid(client: TestClient, method: str) -> None:
                 "model": "resnet18",
                 "inputs": [tensor_input(torch.rand(3, 64, 64))],
                 "method": method,
-                "samples": 2,
+                **({"samples": 2} if method == "smoothgrad" else {}),
                 "format": "png",
             },
         )
@@ -476,3 +477,17 @@ def test_device_oom_is_503_and_the_model_keeps_serving(client: TestClient, metho
     assert gradients.status_code == 503, gradients.text[:500]
     assert "retry-after" in gradients.headers
     assert hooks(client, "probe") == 0
+
+
+def test_a_parameter_of_another_method_is_refused(client: TestClient) -> None:
+    """The request is a union discriminated by `method`: `steps` belongs to integrated_gradients only."""
+    body = {"model": "lenet", "inputs": [{"image": b64(sample_png(1))}], "method": "gradient", "steps": 8}
+    response = client.post("/saliency", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"] == [
+        {
+            "loc": ["steps"],
+            "msg": "'steps' is a parameter of integrated_gradients, not of gradient",
+            "type": "extra_forbidden",
+        }
+    ]

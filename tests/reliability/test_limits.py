@@ -61,7 +61,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 
 def executor_of(client: TestClient, name: str) -> ModelExecutor:
-    return client.app.state.hookserve.fleet.ready(name)[1]  # type: ignore[attr-defined,no-any-return]
+    return client.app.state.hookserve.fleet.ready(name).executor  # type: ignore[attr-defined,no-any-return]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

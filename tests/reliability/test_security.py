@@ -394,7 +394,7 @@ def test_no_error_body_reveals_tracebacks_paths_or_versions(make_client: ClientF
 def test_an_unexpected_server_error_says_nothing_about_the_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import service.api.predict as predict_module
+    import service.dataplane.inference as predict_module
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError(f"internal failure in {SERVICE_DIR} with torch {torch.__version__}")

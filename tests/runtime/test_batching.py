@@ -14,7 +14,7 @@ from torch import nn
 from service.errors import InvalidField
 from service.registry.loaded import LoadedModel
 from service.runtime.executor import ExecutorConfig, ModelExecutor
-from service.specs.model import ModelSpec, PreprocessSpec
+from tests.helpers.loaded import loaded_model
 
 LONG_DELAY_MS = 10_000.0  # a batch that waited this long would make the test time out, not pass
 
@@ -41,21 +41,7 @@ def expected(x: torch.Tensor) -> torch.Tensor:
 
 
 def loaded(module: Recorder) -> LoadedModel:
-    return LoadedModel(
-        spec=ModelSpec.model_validate({"name": "rec", "source": "python", "architecture": "x:Recorder"}),
-        module=module.eval(),
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        preprocess=PreprocessSpec(),
-        input_size=[4],
-        labels=None,
-        optimizer=None,
-        weights="random",
-        num_classes=3,
-        num_parameters=15,
-        trainable_parameters=15,
-        text=repr(module),
-    )
+    return loaded_model(module, [4], name="rec", num_classes=3)
 
 
 @pytest.fixture
@@ -81,11 +67,15 @@ def samples(n: int, rows: int = 1, dtype: torch.dtype = torch.float32) -> list[t
     return [torch.arange(rows * 4, dtype=dtype).reshape(rows, 4) + 10 * i for i in range(n)]
 
 
+async def decoded(x: torch.Tensor) -> torch.Tensor:
+    """A request's decoding: it yields to the event loop once, as decoding on a thread pool does."""
+    await asyncio.sleep(0)
+    return x
+
+
 async def submit_announced(executor: ModelExecutor, inputs: list[torch.Tensor]) -> list[Any]:
-    """What the HTTP layer does: announce every request first, then queue each as its decode finishes."""
-    for _ in inputs:
-        executor.announce()
-    return await asyncio.gather(*(executor.predict(x, announced=True) for x in inputs))
+    """What the data plane does: each request is announced while it decodes, queued once decoded."""
+    return await asyncio.gather(*(executor.predict(decoded(x)) for x in inputs))
 
 
 def test_announced_concurrent_requests_share_one_batch(make_executor: Any, recorder: Recorder) -> None:
@@ -143,14 +133,16 @@ def test_a_request_that_never_comes_costs_at_most_the_delay(make_executor: Any, 
     delay_ms = 200.0
     executor = make_executor(max_batch_size=8, max_batch_delay_ms=delay_ms)
 
+    async def fails_late() -> torch.Tensor:
+        await asyncio.sleep(LONG_DELAY_MS / 1000 / 4)  # this one's decode fails, long after the delay
+        raise InvalidField("undecodable")
+
     async def one_of_two() -> tuple[Any, float]:
-        executor.announce()
-        executor.announce()  # this one's decode "fails" and is withdrawn late
         started = time.perf_counter()
-        task = asyncio.ensure_future(executor.predict(samples(1)[0], announced=True))
-        result = await task
+        late = asyncio.ensure_future(executor.predict(fails_late()))
+        result = await executor.predict(decoded(samples(1)[0]))
         elapsed = time.perf_counter() - started
-        executor.withdraw()
+        late.cancel()
         return result, elapsed
 
     result, elapsed = asyncio.run(one_of_two())
@@ -171,11 +163,9 @@ def test_post_runs_per_request_and_its_failure_stays_there(make_executor: Any, r
 
     async def run() -> list[Any]:
         inputs = samples(3)
-        for _ in inputs:
-            executor.announce()
         posts = [ok, bad, ok]
         return await asyncio.gather(
-            *(executor.predict(x, p, announced=True) for x, p in zip(inputs, posts, strict=True)),
+            *(executor.predict(decoded(x), p) for x, p in zip(inputs, posts, strict=True)),
             return_exceptions=True,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,12 +82,13 @@ def test_gpu_jpeg_decode_matches_cpu_path(client: TestClient) -> None:
 
 def test_gpu_introspection_leaves_no_hooks(client: TestClient) -> None:
     x = tensor_input(torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(1)))
-    for path, body in [
+    requests: list[tuple[str, dict[str, Any]]] = [
         ("/activations", {"layers": ["layer1.*"], "format": "stats"}),
         ("/gradients", {"layers": ["layer4"], "target": 3}),
         ("/saliency", {"method": "gradcam"}),
         ("/saliency", {"method": "integrated_gradients", "steps": 16}),
-    ]:
+    ]
+    for path, body in requests:
         r = client.post(path, json={"model": "gpu", "inputs": [x], **body})
         assert r.status_code == 200, (path, r.text)
     assert client.get("/models/gpu").json()["hooks"] == 0

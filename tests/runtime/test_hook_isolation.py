@@ -91,7 +91,7 @@ async def serve(model_dir: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClie
 
 
 def served(app: FastAPI, name: str) -> nn.Module:
-    module: nn.Module = app.state.hookserve.fleet.ready(name)[0].module
+    module: nn.Module = app.state.hookserve.fleet.ready(name).model.module
     return module
 
 
@@ -125,7 +125,7 @@ CAPTURES = ["output", "input", "both"]
 async def _lenet_round(tmp_path: Path) -> None:
     lenet = load_lenet()
     async with serve(tmp_path) as (app, client):
-        assert app.state.hookserve.fleet.ready("lenet")[0].preprocess == lenet_preprocess_spec()
+        assert app.state.hookserve.fleet.ready("lenet").model.preprocess == lenet_preprocess_spec()
         expected: list[tuple[str, Any, Any]] = []  # (kind, request body, expected result)
         gen = torch.Generator().manual_seed(42)
         for i in range(30):

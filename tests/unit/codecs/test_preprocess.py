@@ -28,7 +28,7 @@ MODES = {
 
 @pytest.fixture(scope="module")
 def chelsea() -> Image.Image:
-    return Image.fromarray(skdata.chelsea())  # type: ignore[no-untyped-call]  # 451 wide, 300 high, RGB
+    return Image.fromarray(skdata.chelsea())  # 451 wide, 300 high, RGB
 
 
 @pytest.fixture(scope="module")

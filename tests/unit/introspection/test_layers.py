@@ -7,7 +7,14 @@ import torch
 from torch import nn
 
 from service.errors import InvalidField
-from service.introspection.layers import LayerNode, closest_names, last_conv2d, layer_tree, resolve_layers
+from service.introspection.layers import (
+    LayerNode,
+    closest_names,
+    last_conv2d,
+    layer_tree,
+    module_names,
+    resolve_layers,
+)
 
 
 class Block(nn.Module):
@@ -59,22 +66,22 @@ def test_layer_tree_counts_a_tied_parameter_once() -> None:
 
 def test_resolve_layers_exact_and_patterns_in_module_order() -> None:
     model = Net()
-    got = resolve_layers(model, ["head", "layer1.*.conv", "stem", "head"], max_layers=10)
+    got = resolve_layers(module_names(model), ["head", "layer1.*.conv", "stem", "head"], max_layers=10)
     assert got == ["stem", "layer1.0.conv", "layer1.1.conv", "head"]
-    assert resolve_layers(model, ["layer1.?"], 10) == ["layer1.0", "layer1.1"]
-    assert resolve_layers(model, ["layer1.[1]"], 10) == ["layer1.1"]
+    assert resolve_layers(module_names(model), ["layer1.?"], 10) == ["layer1.0", "layer1.1"]
+    assert resolve_layers(module_names(model), ["layer1.[1]"], 10) == ["layer1.1"]
 
 
 def test_resolve_layers_root_only_by_exact_empty_name() -> None:
     model = Net()
-    assert "" not in resolve_layers(model, ["*"], 100)
-    assert resolve_layers(model, ["*"], 100) == [n.name for n in layer_tree(model)][1:]
-    assert resolve_layers(model, ["", "head"], 10) == ["", "head"]
+    assert "" not in resolve_layers(module_names(model), ["*"], 100)
+    assert resolve_layers(module_names(model), ["*"], 100) == [n.name for n in layer_tree(model)][1:]
+    assert resolve_layers(module_names(model), ["", "head"], 10) == ["", "head"]
 
 
 def test_unknown_name_lists_closest() -> None:
     with pytest.raises(InvalidField) as info:
-        resolve_layers(Net(), ["layer1.0.cnv"], 10)
+        resolve_layers(module_names(Net()), ["layer1.0.cnv"], 10)
     assert info.value.status == 422
     assert "'layer1.0.cnv'" in info.value.detail
     assert "'layer1.0.conv'" in info.value.detail
@@ -84,21 +91,21 @@ def test_pattern_matching_nothing_is_invalid() -> None:
     with pytest.raises(
         InvalidField, match=r"pattern 'layer9\.\*' matches no layer; closest: 'layer1.1', 'layer1.0', 'layer1',"
     ):
-        resolve_layers(Net(), ["layer9.*"], 10)
+        resolve_layers(module_names(Net()), ["layer9.*"], 10)
 
 
 def test_every_bad_pattern_is_reported() -> None:
     with pytest.raises(InvalidField) as info:
-        resolve_layers(Net(), ["nope", "stem", "zzz*"], 10)
+        resolve_layers(module_names(Net()), ["nope", "stem", "zzz*"], 10)
     assert "'nope'" in info.value.detail
     assert "'zzz*'" in info.value.detail
 
 
 def test_too_many_layers_and_empty_list() -> None:
     with pytest.raises(InvalidField, match="9 layers match, more than the limit of 3"):
-        resolve_layers(Net(), ["*"], 3)
+        resolve_layers(module_names(Net()), ["*"], 3)
     with pytest.raises(InvalidField, match="at least one layer"):
-        resolve_layers(Net(), [], 3)
+        resolve_layers(module_names(Net()), [], 3)
 
 
 def test_closest_names_falls_back_to_common_prefix() -> None:

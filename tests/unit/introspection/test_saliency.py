@@ -9,14 +9,38 @@ import pytest
 import torch
 import torch.nn.functional as F
 from captum.attr import InputXGradient, IntegratedGradients, LayerGradCam, NoiseTunnel, Saliency
+from pydantic import ValidationError
 from torch import Tensor, nn
 from torchvision.models import resnet18
 
+from service.config import Settings
 from service.errors import InvalidField
+from service.introspection.attribution import SaliencyItem, compute_saliency, method_named, registered_methods
 from service.introspection.hooks import count_hooks
-from service.introspection.saliency import SaliencyMethod, compute_saliency
 
 STEPS, SAMPLES, NOISE, SEED = 16, 8, 0.15, 3
+METHODS = list(registered_methods())
+
+
+def saliency(
+    model: nn.Module,
+    x: Tensor,
+    method: str,
+    targets: list[int],
+    *,
+    ig_internal_batch_size: int = 64,
+    smoothgrad_batch_size: int = 32,
+    **params: Any,
+) -> list[SaliencyItem]:
+    """`compute_saliency` with `method`'s parameters from keywords, memory bounds as Settings."""
+    settings = Settings(ig_internal_batch_size=ig_internal_batch_size, smoothgrad_batch_size=smoothgrad_batch_size)
+    return compute_saliency(model, x, method_named(method).params(**params), targets, settings=settings)
+
+
+PARAMS: dict[str, dict[str, Any]] = {
+    "integrated_gradients": {"steps": STEPS},
+    "smoothgrad": {"samples": SAMPLES, "noise": NOISE, "seed": SEED},
+}
 
 
 class TinyCNN(nn.Module):
@@ -53,18 +77,18 @@ def grad_input(x: Tensor) -> Tensor:
     return x.clone().requires_grad_(True)
 
 
-def captum_direct(model: nn.Module, x: Tensor, method: SaliencyMethod, layer: nn.Module) -> tuple[Tensor, Any]:
+def captum_direct(model: nn.Module, x: Tensor, method: str, layer: nn.Module) -> tuple[Tensor, Any]:
     """The API.md formula for each method, called on Captum directly."""
-    if method is SaliencyMethod.GRADIENT:
+    if method == "gradient":
         return Saliency(model).attribute(grad_input(x), target=TARGETS, abs=True), None
-    if method is SaliencyMethod.INPUT_X_GRADIENT:
+    if method == "input_x_gradient":
         return InputXGradient(model).attribute(grad_input(x), target=TARGETS), None
-    if method is SaliencyMethod.INTEGRATED_GRADIENTS:
+    if method == "integrated_gradients":
         attr, delta = IntegratedGradients(model).attribute(
             grad_input(x), baselines=0, target=TARGETS, n_steps=STEPS, return_convergence_delta=True
         )
         return attr, delta
-    if method is SaliencyMethod.SMOOTHGRAD:
+    if method == "smoothgrad":
         maps = []
         for i, t in enumerate(TARGETS):
             torch.manual_seed(SEED)
@@ -84,20 +108,18 @@ def minmax(t: Tensor) -> Tensor:
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))
-@pytest.mark.parametrize("method", list(SaliencyMethod))
-def test_equals_captum(model_name: str, method: SaliencyMethod) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_equals_captum(model_name: str, method: str) -> None:
     model, x = MODELS[model_name]()
     layer = model.get_submodule("features.2" if model_name == "tiny" else "layer4.1.conv2")
-    items = compute_saliency(
-        model, x, method, TARGETS, steps=STEPS, samples=SAMPLES, noise=NOISE, seed=SEED, ig_internal_batch_size=64
-    )
+    items = saliency(model, x, method, TARGETS, **PARAMS.get(method, {}))
     expected, delta = captum_direct(model, x, method, layer)
     logits = model(x).detach()
     assert [item.target for item in items] == TARGETS
     for i, item in enumerate(items):
         assert item.score == pytest.approx(float(logits[i, TARGETS[i]]), rel=1e-5)
         assert item.probability == pytest.approx(float(logits[i].softmax(0)[TARGETS[i]]), rel=1e-5)
-        if method is SaliencyMethod.GRADCAM:
+        if method == "gradcam":
             assert item.attribution.shape == expected.shape[2:]
             assert torch.allclose(item.attribution, expected[i, 0], rtol=1e-3, atol=1e-6)
             up = F.interpolate(expected[i : i + 1], size=(x.shape[-2:]), mode="bilinear", align_corners=False)[0, 0]
@@ -110,7 +132,7 @@ def test_equals_captum(model_name: str, method: SaliencyMethod) -> None:
         assert torch.allclose(item.heatmap, heat, atol=1e-4)
         assert float(item.heatmap.min()) == 0.0
         assert float(item.heatmap.max()) == (1.0 if heat.max() > 0 else 0.0)
-        if method is SaliencyMethod.INTEGRATED_GRADIENTS:
+        if method == "integrated_gradients":
             assert item.convergence_delta == pytest.approx(float(delta[i]), rel=1e-2, abs=1e-4)
         else:
             assert item.convergence_delta is None
@@ -120,11 +142,11 @@ def test_equals_captum(model_name: str, method: SaliencyMethod) -> None:
 
 def test_gradcam_default_layer_is_the_last_conv_at_its_resolution() -> None:
     model, x = resnet()
-    items = compute_saliency(model, x, "gradcam", [5, 5])
-    named = compute_saliency(model, x, "gradcam", [5, 5], layer_name="layer4.1.conv2")
+    items = saliency(model, x, "gradcam", [5, 5])
+    named = saliency(model, x, "gradcam", [5, 5], layer="layer4.1.conv2")
     assert [tuple(item.attribution.shape) for item in items] == [(2, 2), (2, 2)]
     assert torch.equal(items[0].attribution, named[0].attribution)
-    shallow = compute_saliency(model, x, "gradcam", [5, 5], layer_name="layer2")
+    shallow = saliency(model, x, "gradcam", [5, 5], layer="layer2")
     assert tuple(shallow[1].attribution.shape) == (8, 8)
     assert tuple(shallow[1].heatmap.shape) == (64, 64)
     assert 0.0 <= float(shallow[1].heatmap.min()) <= float(shallow[1].heatmap.max()) <= 1.0
@@ -133,14 +155,14 @@ def test_gradcam_default_layer_is_the_last_conv_at_its_resolution() -> None:
 def test_smoothgrad_is_seeded_and_restores_the_global_rng() -> None:
     model, x = tiny()
     state = torch.get_rng_state()
-    one = compute_saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=1)
+    one = saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=1)
     assert torch.equal(torch.get_rng_state(), state)
-    again = compute_saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=1)
-    other = compute_saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=2)
+    again = saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=1)
+    other = saliency(model, x, "smoothgrad", TARGETS, samples=SAMPLES, seed=2)
     for a, b, c in zip(one, again, other, strict=True):
         assert torch.equal(a.attribution, b.attribution)
         assert not torch.allclose(a.attribution, c.attribution)
-    alone = compute_saliency(model, x[1:], "smoothgrad", TARGETS[1:], samples=SAMPLES, seed=1)
+    alone = saliency(model, x[1:], "smoothgrad", TARGETS[1:], samples=SAMPLES, seed=1)
     assert torch.equal(alone[0].attribution, one[1].attribution)  # independent of the rest of the batch
 
 
@@ -157,7 +179,7 @@ def test_integrated_gradients_complete_with_bounded_batches() -> None:
     x = torch.cat([x, torch.rand(1, 3, 8, 8)])
     targets = [0, 2, 4]
     seen = BatchSizes(model)
-    items = compute_saliency(model, x, "integrated_gradients", targets, steps=512, ig_internal_batch_size=16)
+    items = saliency(model, x, "integrated_gradients", targets, steps=512, ig_internal_batch_size=16)
     seen.handle.remove()
     assert max(seen.sizes) <= 16
     assert sum(seen.sizes) >= 3 * 512
@@ -168,11 +190,11 @@ def test_integrated_gradients_complete_with_bounded_batches() -> None:
         assert item.convergence_delta is not None
         assert abs(item.convergence_delta) < 1e-3
     seen = BatchSizes(model)  # more inputs than the bound: inputs are chunked too
-    chunked = compute_saliency(model, x, "integrated_gradients", targets, steps=8, ig_internal_batch_size=2)
+    chunked = saliency(model, x, "integrated_gradients", targets, steps=8, ig_internal_batch_size=2)
     seen.handle.remove()
     assert seen.sizes[0] == 3  # the scores' forward sees the request's batch
     assert max(seen.sizes[1:]) <= 2
-    whole = compute_saliency(model, x, "integrated_gradients", targets, steps=8, ig_internal_batch_size=64)
+    whole = saliency(model, x, "integrated_gradients", targets, steps=8, ig_internal_batch_size=64)
     for a, b in zip(chunked, whole, strict=True):
         assert torch.allclose(a.attribution, b.attribution, rtol=1e-4, atol=1e-6)
 
@@ -180,7 +202,7 @@ def test_integrated_gradients_complete_with_bounded_batches() -> None:
 def test_smoothgrad_batch_size_bounds_forwards() -> None:
     model, x = tiny()
     seen = BatchSizes(model)
-    compute_saliency(model, x, "smoothgrad", TARGETS, samples=10, smoothgrad_batch_size=4)
+    saliency(model, x, "smoothgrad", TARGETS, samples=10, smoothgrad_batch_size=4)
     seen.handle.remove()
     assert max(seen.sizes) <= 4
 
@@ -188,19 +210,18 @@ def test_smoothgrad_batch_size_bounds_forwards() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"method": "gradcam", "layer_name": "features.9"}, "unknown layer 'features.9'"),
-        ({"method": "gradcam", "layer_name": "fc"}, "gradcam needs a layer with one spatial output"),
-        ({"method": "occlusion"}, "unknown saliency method 'occlusion'"),
+        ({"method": "gradcam", "layer": "features.9"}, "unknown layer 'features.9'"),
+        ({"method": "gradcam", "layer": "fc"}, "gradcam needs a layer with one spatial output"),
+        ({"method": "nope"}, "unknown saliency method 'nope'"),
         ({"method": "gradient", "targets": [0, 5]}, "out of range"),
         ({"method": "gradient", "targets": [0]}, "1 targets for 2 inputs"),
-        ({"method": "integrated_gradients", "steps": 0}, "steps must be at least 1"),
     ],
 )
 def test_invalid_requests_are_422(kwargs: dict[str, Any], message: str) -> None:
     model, x = tiny()
     args: dict[str, Any] = {"targets": TARGETS, **kwargs}
     with pytest.raises(InvalidField, match=message):
-        compute_saliency(model, x, args.pop("method"), args.pop("targets"), **args)
+        saliency(model, x, args.pop("method"), args.pop("targets"), **args)
     assert count_hooks(model) == 0
 
 
@@ -226,20 +247,20 @@ def test_gradcam_on_a_layer_with_several_outputs_is_refused() -> None:
     torch.manual_seed(0)
     model = SplitCNN().eval()
     with pytest.raises(InvalidField, match="'split' gives several outputs"):
-        compute_saliency(model, torch.rand(2, 3, 8, 8), "gradcam", [0, 2], layer_name="split")
+        saliency(model, torch.rand(2, 3, 8, 8), "gradcam", [0, 2], layer="split")
     assert count_hooks(model) == 0
 
 
 def test_gradcam_without_any_conv_needs_a_layer() -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
     with pytest.raises(InvalidField, match="no Conv2d"):
-        compute_saliency(model, torch.rand(1, 3, 2, 2), "gradcam", [0])
+        saliency(model, torch.rand(1, 3, 2, 2), "gradcam", [0])
 
 
 def test_model_without_class_scores_is_refused() -> None:
     model = nn.Sequential(nn.Conv2d(3, 2, 3)).eval()
     with pytest.raises(InvalidField, match="not class scores"):
-        compute_saliency(model, torch.rand(1, 3, 8, 8), "gradient", [0])
+        saliency(model, torch.rand(1, 3, 8, 8), "gradient", [0])
 
 
 class FailsSecondTime(nn.Module):
@@ -259,11 +280,18 @@ class FailsSecondTime(nn.Module):
         return out
 
 
-@pytest.mark.parametrize("method", list(SaliencyMethod))
-def test_hooks_removed_when_captum_fails(method: SaliencyMethod) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_hooks_removed_when_captum_fails(method: str) -> None:
     torch.manual_seed(0)
     model = FailsSecondTime().eval()
     with pytest.raises(RuntimeError, match="boom"):
-        compute_saliency(model, torch.rand(2, 3, 8, 8), method, TARGETS, steps=4, samples=2)
+        saliency(model, torch.rand(2, 3, 8, 8), method, TARGETS, **PARAMS.get(method, {}))
     assert model.calls == 2
     assert count_hooks(model) == 0
+
+
+def test_parameters_out_of_their_range_are_refused_by_their_schema() -> None:
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        method_named("integrated_gradients").params.model_validate({"steps": 0})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        method_named("gradient").params.model_validate({"steps": 4})

@@ -5,19 +5,17 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from service.api.inputs import read_json, validate
+from service.api.bodies import read_json, validate
+from service.api.deps import PlaneDep
 from service.api.openapi import error_responses, register_schema
 from service.api.responses import json_response
-from service.api.state import AppState, StateDep
 from service.errors import BadInput, InvalidField
-from service.introspection.checkpoint import inspect_checkpoint
-from service.registry.paths import resolve_under
 from service.schemas.introspection import CheckpointInspection, CheckpointPath
 
 router = APIRouter(tags=["introspection"])
@@ -49,7 +47,7 @@ _BODY = {
 )
 async def inspect(
     request: Request,
-    state: StateDep,
+    plane: PlaneDep,
     compare_to: Annotated[
         str | None, Query(description="A model name: report missing/unexpected keys and shape mismatches.")
     ] = None,
@@ -59,12 +57,11 @@ async def inspect(
         with tempfile.TemporaryDirectory(prefix="hookserve-ckpt-") as tmp:
             path = Path(tmp) / "upload"
             await _save_upload(request, path)
-            result = await _inspect(state, path, compare_to, stats)
+            result = await plane.inspect_checkpoint(path, compare_to, stats)
     else:
         body = validate(CheckpointPath, await read_json(request))
-        path = resolve_under(state.settings.model_dir, body.path)
-        result = await _inspect(state, path, compare_to, stats)
-    return await json_response(result, state.settings)
+        result = await plane.inspect_checkpoint(plane.checkpoint_path(body.path), compare_to, stats)
+    return await json_response(result, plane.settings)
 
 
 async def _save_upload(request: Request, path: Path) -> None:
@@ -85,10 +82,3 @@ async def _save_upload(request: Request, path: Path) -> None:
         await run_in_threadpool(copy)
     finally:
         await form.close()
-
-
-async def _inspect(state: AppState, path: Path, compare_to: str | None, stats: bool) -> dict[str, Any]:
-    if compare_to is None:
-        return await run_in_threadpool(inspect_checkpoint, path, None, stats)
-    model, executor = state.fleet.ready(compare_to)
-    return await executor.run_shared(lambda: inspect_checkpoint(path, model.module, stats))

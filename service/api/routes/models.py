@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from service.api.auth import require_admin
-from service.api.info import model_detail, model_info
-from service.api.inputs import read_json, validate
+from service.api.bodies import read_json, validate
+from service.api.deps import ModelName, PlaneDep
 from service.api.openapi import error_responses, json_body
-from service.api.state import StateDep
 from service.schemas.models import LoadModelRequest, ModelDetail, ModelInfo, ModelList
 
 router = APIRouter(tags=["models"])
 
-ModelName = Annotated[str, Path(description="A model name from GET /models.", examples=["lenet"])]
-
 
 @router.get("/models", response_model=ModelList, summary="Every registered model")
-async def list_models(state: StateDep) -> ModelList:
-    return ModelList(models=[model_info(e) for e in state.fleet.entries()])
+async def list_models(plane: PlaneDep) -> ModelList:
+    return ModelList(models=plane.models())
 
 
 @router.get(
@@ -30,8 +25,8 @@ async def list_models(state: StateDep) -> ModelList:
     summary="One model's INFO with its repr",
     responses=error_responses(404),
 )
-async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
-    return model_detail(state.fleet.entry(name))
+async def get_model(name: ModelName, plane: PlaneDep) -> ModelDetail:
+    return plane.model(name)
 
 
 @router.post(
@@ -43,11 +38,10 @@ async def get_model(name: ModelName, state: StateDep) -> ModelDetail:
     responses=error_responses(400, 401, 403, 409, 422),
     openapi_extra=json_body(LoadModelRequest),
 )
-async def load_model(request: Request, state: StateDep) -> JSONResponse:
+async def load_model(request: Request, plane: PlaneDep) -> JSONResponse:
     """The body is read only after the token is checked: nobody learns anything without it."""
     spec = validate(LoadModelRequest, await read_json(request))
-    entry = state.fleet.add(spec)
-    return JSONResponse(model_info(entry).model_dump(mode="json"), status_code=202)
+    return JSONResponse(plane.add_model(spec).model_dump(mode="json"), status_code=202)
 
 
 @router.delete(
@@ -57,8 +51,5 @@ async def load_model(request: Request, state: StateDep) -> JSONResponse:
     dependencies=[Depends(require_admin)],
     responses=error_responses(401, 403, 404),
 )
-async def unload_model(name: ModelName, state: StateDep) -> ModelInfo:
-    entry = state.fleet.entry(name)
-    info = model_info(entry)
-    await state.fleet.remove(name)
-    return info
+async def unload_model(name: ModelName, plane: PlaneDep) -> ModelInfo:
+    return await plane.remove_model(name)

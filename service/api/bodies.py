@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
@@ -32,13 +33,25 @@ class Parsed(Generic[M]):
     images: list[bytes] | None
 
 
-async def parse_body(request: Request, model_cls: type[M], settings: Settings) -> Parsed[M]:
+BodyClass = type[M] | Callable[[Mapping[str, Any]], type[M]]
+"""A request model, or a function choosing one from the body's fields (a union discriminated by a field)."""
+
+
+async def parse_body(request: Request, model_cls: BodyClass[M], settings: Settings) -> Parsed[M]:
+    """The validated body of a JSON or multipart request; multipart image files are kept as bytes."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         return await _parse_multipart(request, model_cls, settings)
-    body = validate(model_cls, await read_json(request))
+    data = await read_json(request)
+    body = validate(_chosen(model_cls, data), data)
     _check_count(body, settings)
     return Parsed(body, None)
+
+
+def _chosen(model_cls: BodyClass[M], data: Any) -> type[M]:
+    if isinstance(model_cls, type):
+        return model_cls
+    return model_cls(data if isinstance(data, Mapping) else {})
 
 
 async def read_json(request: Request) -> Any:
@@ -65,7 +78,7 @@ def _check_count(body: BaseModel, settings: Settings) -> None:
         raise TooLarge(f"{len(inputs)} inputs, over the limit of {settings.max_inputs} per request (max_inputs)")
 
 
-async def _parse_multipart(request: Request, model_cls: type[M], settings: Settings) -> Parsed[M]:
+async def _parse_multipart(request: Request, chooser: BodyClass[M], settings: Settings) -> Parsed[M]:
     try:
         form = await request.form(max_files=settings.max_inputs + 1, max_fields=256, max_part_size=4 * 1024 * 1024)
     except Exception as exc:  # starlette raises several types for malformed forms
@@ -74,6 +87,7 @@ async def _parse_multipart(request: Request, model_cls: type[M], settings: Setti
             raise TooLarge(f"more than {settings.max_inputs} images (max_inputs)") from None
         raise BadInput(f"malformed multipart form: {message}") from None
     try:
+        model_cls = _chosen(chooser, {k: v for k, v in form.multi_items() if isinstance(v, str)})
         data: dict[str, Any] = {}
         images: list[bytes] = []
         for key, value in form.multi_items():
@@ -93,8 +107,19 @@ async def _parse_multipart(request: Request, model_cls: type[M], settings: Setti
         if not images:
             raise InvalidField("multipart requests need at least one 'image' file field")
         data["inputs"] = [{"image": MULTIPART_PLACEHOLDER} for _ in images]
+    if "target" in data:
+        data["target"] = _form_target(data["target"])
     body = validate(model_cls, data)
     return Parsed(body, images or None)
+
+
+def _form_target(target: Any) -> Any:
+    """Multipart `target=7` arrives as `[7]` (form lists are comma-separated): one class for every image."""
+    if not isinstance(target, list):
+        return target
+    if not target or (len(target) == 1 and target[0] in ("null", "none")):
+        return None
+    return target[0] if len(target) == 1 else target
 
 
 def _form_value(model_cls: type[BaseModel], key: str, value: str) -> Any:

@@ -1,19 +1,21 @@
-"""The Open Inference Protocol repository extension over the registry: index, load, unload.
+"""The Open Inference Protocol repository extension over the fleet: index, load, unload.
 
 Unloading (here or with DELETE /models/{name}) forgets a model's executor and memory; the
-registry remembers its spec, so a later load brings the same model back, as Triton's
+fleet remembers its spec, so a later load brings the same model back, as Triton's
 repository does.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
+from service.dataplane.base import PlaneBase
 from service.errors import Conflict, InvalidField, NotFound
 from service.runtime.fleet import Entry, Fleet, Status
 from service.specs.model import ModelSpec
@@ -94,3 +96,21 @@ async def unload(registry: Fleet, name: str) -> None:
             return
         raise NotFound(f"no model named {name!r}; POST /v2/repository/index lists them")
     await registry.remove(name)
+
+
+class Repository(PlaneBase):
+    def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+        return repository_index(self.fleet, ready_only)
+
+    async def repository_load(self, name: str, parameters: Mapping[str, Any] | None) -> None:
+        """Load `name` (again), from `parameters.config` (a model spec as a JSON string) when given."""
+        params = parameters or {}
+        if any(key.startswith("file:") for key in params):
+            raise InvalidField("model files in the request are not supported; give parameters.config (a model spec)")
+        config = params.get("config")
+        if config is not None and not isinstance(config, str):
+            raise InvalidField("parameters.config must be a string holding a JSON model spec")
+        await load(self.fleet, name, config)
+
+    async def repository_unload(self, name: str) -> None:
+        await unload(self.fleet, name)

@@ -1,29 +1,149 @@
-"""An Open Inference Protocol infer request into a model batch, and named outputs into the answer's bytes."""
+"""Open Inference Protocol requests into model batches, and named output tensors into answers (no model runs here).
+
+Inputs: one tensor `input__0`, numbers (`[N, *input_size]`) or BYTES holding encoded images
+(preprocessed like /predict's). Outputs are `output__0`, `output__1`, ... (the model's output
+tensors in order) or layer capture keys (our extension), JSON or binary, or top-k strings
+with the classification extension.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import torch
 from pydantic import ValidationError
 
-from service.codecs.oip import Datatype, decode_tensor, decompress, encode_response, encode_tensor, split_body
+from service.codecs.images import image_to_tensor
+from service.codecs.oip import (
+    Datatype,
+    bf16_bits_to_float32,
+    decode_tensor,
+    decompress,
+    encode_response,
+    encode_tensor,
+    split_body,
+)
 from service.config import Settings
+from service.dtypes import BY_TORCH
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
-from service.runtime.oip import (
-    INPUT_NAME,
-    OutputRequest,
-    as_array,
-    classify,
-    image_batch,
-    is_model_output,
-    tensor_batch,
-)
 from service.schemas.v2 import InferInputTensor, InferRequest, InferRequestedOutput
+
+INPUT_NAME = "input__0"
+OUTPUT_PREFIX = "output__"
+OUTPUT_NAME = re.compile(r"^output__(\d+)$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output as metadata lists it; -1 is the batch dimension."""
+
+    name: str
+    datatype: Datatype
+    shape: list[int]
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    name: str
+    binary: bool = False
+    classification: int = 0  # top-k strings instead of the tensor; 0 = off
+
+
+def is_model_output(name: str) -> bool:
+    return OUTPUT_NAME.match(name) is not None
+
+
+def datatype_of(dtype: torch.dtype) -> Datatype:
+    info = BY_TORCH.get(dtype)
+    if info is None or info.oip is None:
+        raise InvalidField(f"tensors of dtype {dtype} have no Open Inference Protocol datatype")
+    return Datatype(info.oip)
+
+
+def flatten_outputs(output: Any) -> list[torch.Tensor]:
+    """The model's output tensors in order: a tensor, or the tensors of a (nested) tuple, list or dict."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [t for v in output.values() for t in flatten_outputs(v)]
+    if isinstance(output, (list, tuple)):
+        return [t for v in output for t in flatten_outputs(v)]
+    return []
+
+
+def tensor_batch(array: np.ndarray[Any, Any], datatype: Datatype, model: LoadedModel, max_inputs: int) -> torch.Tensor:
+    """A numeric input as the model's batch: rank and channels checked, other sizes fed as they are."""
+    expected = [-1, *model.input_size]
+    shape = list(array.shape)
+    if len(shape) != len(expected) or shape[1] != expected[1]:
+        raise InvalidField(f"{INPUT_NAME} has shape {shape}; {model.name} takes {expected} (N samples first)")
+    _check_count(shape[0], max_inputs)
+    if datatype is Datatype.BF16:
+        array = bf16_bits_to_float32(array)
+    if array.dtype.kind in "fc":
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if not bool(torch.isfinite(tensor).all()):
+            raise InvalidField(f"{INPUT_NAME} holds NaN or infinite values")
+        return tensor.to(torch.bfloat16) if datatype is Datatype.BF16 else tensor
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+def image_batch(array: np.ndarray[Any, Any], model: LoadedModel, max_inputs: int, max_pixels: int) -> torch.Tensor:
+    """A BYTES input of shape [N] or [N, 1]: N encoded images, preprocessed like /predict's."""
+    if array.ndim not in (1, 2) or (array.ndim == 2 and array.shape[1] != 1):
+        raise InvalidField(f"BYTES {INPUT_NAME} holds encoded images: shape [N] or [N, 1], not {list(array.shape)}")
+    _check_count(array.shape[0], max_inputs)
+    samples = [
+        image_to_tensor(bytes(data), model.preprocess, model.channels, max_pixels, f"{INPUT_NAME}[{i}]")
+        for i, data in enumerate(array.reshape(-1))
+    ]
+    shapes = {tuple(s.shape) for s in samples}
+    if len(shapes) > 1:
+        raise InvalidField(f"images preprocess to different shapes {sorted(shapes)}; send one request per shape")
+    return torch.stack(samples)
+
+
+def _check_count(n: int, max_inputs: int) -> None:
+    if n < 1:
+        raise InvalidField(f"{INPUT_NAME} has no samples (batch dimension 0)")
+    if n > max_inputs:
+        raise TooLarge(f"{n} samples, over the limit of {max_inputs} per request (max_inputs)")
+
+
+def classify(scores: torch.Tensor, k: int, label: Callable[[int], str]) -> np.ndarray[Any, Any]:
+    """Triton's classification extension: per sample, the top-k values as "<value>:<index>:<label>" BYTES.
+
+    Values are printed like C++ `std::to_string` (`%f`), highest first (ties: lower index first).
+    """
+    if scores.ndim == 0:
+        raise InvalidField("classification needs a batch of scores, not a scalar output")
+    flat = scores.detach().reshape(scores.shape[0], -1).to(torch.float64)
+    k = min(k, flat.shape[1])
+    values, indices = torch.sort(flat, dim=1, descending=True, stable=True)
+    rows = [
+        [f"{v:f}:{i}:{label(i)}".encode() for v, i in zip(vs[:k], idx[:k], strict=True)]
+        for vs, idx in zip(values.tolist(), indices.tolist(), strict=True)
+    ]
+    out = np.empty((flat.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        out[r, :] = row
+    return out
+
+
+def as_array(tensor: torch.Tensor) -> tuple[Datatype, np.ndarray[Any, Any]]:
+    """A CPU tensor as (datatype, array); BF16 as its bit patterns."""
+    datatype = datatype_of(tensor.dtype)
+    t = tensor.detach().cpu().contiguous()
+    if datatype is Datatype.BF16:
+        return datatype, t.view(torch.int16).numpy().view(np.uint16)
+    return datatype, t.numpy()
+
 
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 

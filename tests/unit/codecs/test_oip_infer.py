@@ -10,19 +10,12 @@ import torch
 from torch import nn
 
 from service.codecs.oip import Datatype, float32_to_bf16_bits
+from service.codecs.oip_infer import as_array, classify, decode_infer, encode_infer, flatten_outputs, tensor_batch
 from service.config import Settings
+from service.dataplane.oip import OutputPlan, plan_outputs
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
-from service.runtime.oip import (
-    OutputPlan,
-    as_array,
-    classify,
-    flatten_outputs,
-    plan_outputs,
-    tensor_batch,
-)
-from service.runtime.oip_request import decode_infer, encode_infer
-from service.specs.model import ModelSpec, PreprocessSpec
+from tests.helpers.loaded import loaded_model
 
 
 class Tiny(nn.Module):
@@ -40,22 +33,7 @@ class Tiny(nn.Module):
 
 
 def loaded(labels: list[str] | None = None) -> LoadedModel:
-    module = Tiny().eval()
-    return LoadedModel(
-        spec=ModelSpec(name="tiny", source="python", architecture="tests:Tiny"),
-        module=module,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        preprocess=PreprocessSpec(),
-        input_size=[2, 5, 5],
-        labels=labels,
-        optimizer=None,
-        weights="random",
-        num_classes=3,
-        num_parameters=0,
-        trainable_parameters=0,
-        text="Tiny()",
-    )
+    return loaded_model(Tiny(), [2, 5, 5], name="tiny", labels=labels, num_classes=3)
 
 
 def test_classify_format_order_and_ties() -> None:

@@ -1,4 +1,4 @@
-"""INFO for a registry entry (GET /models and friends)."""
+"""A fleet entry as the INFO that GET /models and friends answer."""
 
 from __future__ import annotations
 

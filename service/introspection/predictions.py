@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from service.errors import InvalidField
-from service.registry.loaded import LoadedModel
 
 
-def require_class_scores(output: Any, model: LoadedModel) -> torch.Tensor:
+def require_class_scores(output: Any, model_name: str) -> torch.Tensor:
     """The output must be `[N, K]` class scores; otherwise a 422 that says what it is."""
     if isinstance(output, torch.Tensor) and output.ndim == 2:
         return output
@@ -21,11 +21,13 @@ def require_class_scores(output: Any, model: LoadedModel) -> torch.Tensor:
     else:
         what = type(output).__name__
     raise InvalidField(
-        f"model {model.name!r} outputs {what}, not [N, K] class scores; use /activations to read its outputs"
+        f"model {model_name!r} outputs {what}, not [N, K] class scores; use /activations to read its outputs"
     )
 
 
-def top_k_predictions(logits: torch.Tensor, k: int, model: LoadedModel, include_logits: bool) -> list[dict[str, Any]]:
+def top_k_predictions(
+    logits: torch.Tensor, k: int, label: Callable[[int], str], include_logits: bool
+) -> list[dict[str, Any]]:
     """One `{"top_k": [...], "logits"?: [...]}` per row of `logits`."""
     scores = logits.float()
     probs = torch.softmax(scores, dim=1)
@@ -34,7 +36,7 @@ def top_k_predictions(logits: torch.Tensor, k: int, model: LoadedModel, include_
     out: list[dict[str, Any]] = []
     for row, (vals, idxs) in enumerate(zip(values.tolist(), indices.tolist(), strict=True)):
         item: dict[str, Any] = {
-            "top_k": [{"index": i, "label": model.label(i), "score": v} for v, i in zip(vals, idxs, strict=True)]
+            "top_k": [{"index": i, "label": label(i), "score": v} for v, i in zip(vals, idxs, strict=True)]
         }
         if include_logits:
             item["logits"] = scores[row].tolist()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.api.state import StateDep
-from service.runtime.fleet import Status
+from service.api.deps import StateDep
 from service.schemas.models import Health
 
 router = APIRouter(tags=["health"])
@@ -24,11 +23,7 @@ async def healthz() -> Health:
     responses={503: {"model": Health, "description": "Some models are loading or failed."}},
 )
 async def readyz(state: StateDep) -> JSONResponse:
-    not_ready = {
-        e.spec.name: {"status": e.status.value, **({"error": e.error} if e.error else {})}
-        for e in state.fleet.entries()
-        if e.status is not Status.ready
-    }
+    not_ready = state.plane.unready_models()
     if not_ready or state.draining:
         status = "draining" if state.draining else "not ready"
         return JSONResponse({"status": status, "models": not_ready}, status_code=503)

@@ -1,0 +1,1 @@
+"""One module per resource; each holds a `router` that `service.main` lists."""

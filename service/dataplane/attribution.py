@@ -1,0 +1,62 @@
+"""Gradients of a class score and attribution maps (saliency) for these inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from service.dataplane.base import PlaneBase
+from service.errors import InvalidField
+from service.introspection.attribution import MethodParams, SaliencyItem, method_named
+from service.introspection.gradients import GradientResult
+from service.introspection.layers import resolve_layers
+from service.introspection.targets import TargetSpec
+from service.registry.loaded import LoadedModel
+from service.runtime.attribution_jobs import run_gradients, run_saliency
+from service.schemas.attribution import GradientsRequest, SaliencyCommon
+
+
+@dataclass(frozen=True)
+class Gradients:
+    model: str
+    result: GradientResult
+
+
+@dataclass(frozen=True)
+class Saliency:
+    model: LoadedModel  # labels and preprocessing, for the answer's labels and overlays
+    method: str
+    inputs: torch.Tensor  # the decoded inputs, for overlays
+    items: list[SaliencyItem]
+
+
+class Attribution(PlaneBase):
+    async def gradients(self, body: GradientsRequest, images: Sequence[bytes] | None) -> Gradients:
+        served = self.ready(body.model)
+        model = served.model
+        inputs = await self.decode(body.inputs, images, model)
+        names = resolve_layers(model.layer_names, body.layers, self.settings.max_layers) if body.layers else []
+        if not names and not body.include_input:
+            raise InvalidField("nothing to differentiate: give layers or set include_input to true")
+        target: TargetSpec = body.target
+        result = await served.executor.run_exclusive(
+            lambda: run_gradients(model, inputs, names, target, body.include_input)
+        )
+        return Gradients(model.name, result)
+
+    async def saliency(self, body: SaliencyCommon, images: Sequence[bytes] | None) -> Saliency:
+        """`body` is one method's request (a `MethodParams` too): limits and layers are checked before any work."""
+        if not isinstance(body, MethodParams):
+            raise TypeError("a /saliency body is one registered method's request")
+        method = method_named(body.method)
+        served = self.ready(body.model)
+        model = served.model
+        method.check_limits(body, self.settings)
+        params = method.resolve_layers(body, model.layer_names)
+        inputs = await self.decode(body.inputs, images, model)
+        target: TargetSpec = body.target
+        settings = self.settings
+        items = await served.executor.run_exclusive(lambda: run_saliency(model, inputs, params, target, settings))
+        return Saliency(model, method.name, inputs, items)

@@ -1,0 +1,199 @@
+"""Open Inference Protocol inference on a served model: request bytes in, answer bytes out (no HTTP).
+
+Outputs `output__0`, `output__1`, ... are the model's output tensors in order (a tuple, list
+or dict output is flattened). Any other requested name is a layer (a module path from
+/layers, or a capture key such as `relu#2` or `block.0`) whose output is recorded by
+request-scoped hooks during the same forward (our extension). Without layer outputs the
+request joins the executor's dynamic batches; with them it runs exclusively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from service.codecs.oip_infer import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    OUTPUT_PREFIX,
+    DecodedInfer,
+    TensorInfo,
+    datatype_of,
+    decode_body,
+    encode_infer,
+    flatten_outputs,
+)
+from service.dataplane.base import PlaneBase
+from service.errors import InvalidField, NotFound
+from service.introspection.capture import capture_activations
+from service.introspection.layers import closest_names
+from service.registry.loaded import LoadedModel
+from service.runtime.batching import run_batch
+from service.runtime.fleet import ServedModel, Status
+from service.specs.vocab import Capture
+
+VERSIONS = ["1"]
+PLATFORM = "pytorch"
+SMALL_ANSWER = 4096  # elements: answers up to this size are encoded on the event loop
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    name: str
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+
+
+@dataclass(frozen=True)
+class InferAnswer:
+    body: bytes
+    header_length: int | None  # the JSON header's length when binary outputs follow it
+
+
+@dataclass
+class OutputPlan:
+    """Which requested names are model outputs (by index) and which are layer capture keys (by module)."""
+
+    model_outputs: dict[str, int] = field(default_factory=dict)
+    layers: dict[str, str] = field(default_factory=dict)  # capture key -> module path
+
+
+class OpenInference(PlaneBase):
+    def check_version(self, name: str, version: str | None) -> None:
+        if version is not None and version not in VERSIONS:
+            raise NotFound(f"model {name!r} has no version {version!r}; its versions are {VERSIONS}")
+
+    def not_ready(self) -> str | None:
+        """Why the server is not ready (a model loading or failed), or None."""
+        waiting = [f"{e.spec.name} ({e.status})" for e in self.fleet.entries() if e.status is not Status.ready]
+        return f"models not ready: {', '.join(waiting)}" if waiting else None
+
+    def model_not_ready(self, name: str, version: str | None) -> str | None:
+        self.check_version(name, version)
+        entry = self.fleet.entry(name)
+        if entry.status is Status.ready:
+            return None
+        return f"model {name!r} is {entry.status}" + (f": {entry.error}" if entry.error else "")
+
+    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+        self.check_version(name, version)
+        served = self.ready(name)
+        model = served.model
+        inputs = [TensorInfo(INPUT_NAME, datatype_of(model.dtype), [-1, *model.input_size])]
+        return ModelMetadata(name, inputs, await _output_info(served))
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        body: Callable[[], Awaitable[bytes]],
+        encoding: str | None,
+        header_length: str | None,
+    ) -> InferAnswer:
+        """`body` reads the request body; it is read only once the model is known to be ready."""
+        self.check_version(name, version)
+        served = self.ready(name)
+        model = served.model
+        raw = await body()
+        decoded = await self.off_loop(decode_body, raw, encoding, header_length, model, self.settings)
+        tensors = await _infer(served, decoded)
+        if sum(t.numel() for t in tensors.values()) > SMALL_ANSWER:
+            content, length = await self.off_loop(encode_infer, model, decoded, tensors, self.settings)
+        else:
+            content, length = encode_infer(model, decoded, tensors, self.settings)
+        return InferAnswer(content, length)
+
+
+async def _output_info(served: ServedModel) -> list[TensorInfo]:
+    """Output names, datatypes and shapes, from one forward of a zero batch at the model's input size (cached)."""
+    model = served.model
+    key: tuple[object, ...] = ("oip-outputs",)
+    cached = model.summary_cache.get(key)
+    if isinstance(cached, list):
+        return cached
+    probe = torch.zeros([1, *model.input_size], dtype=model.dtype)
+    outputs = await served.executor.predict(probe, flatten_outputs)
+    infos = [
+        TensorInfo(f"{OUTPUT_PREFIX}{i}", datatype_of(t.dtype), [-1, *t.shape[1:]] if t.ndim else [])
+        for i, t in enumerate(outputs)
+    ]
+    model.summary_cache[key] = infos
+    return infos
+
+
+async def _infer(served: ServedModel, decoded: DecodedInfer) -> dict[str, torch.Tensor]:
+    """Run the batch once; the requested outputs by name (CPU tensors, batch first), or all model outputs."""
+    model, batch = served.model, decoded.batch
+    names = None if decoded.outputs is None else [o.name for o in decoded.outputs]
+    plan = plan_outputs(model, names or [])
+    captured: dict[str, dict[str, torch.Tensor]] = {}
+    if not plan.layers:
+        outputs: list[torch.Tensor] = await served.executor.predict(batch, flatten_outputs)
+    else:
+        layers = sorted(set(plan.layers.values()))
+
+        def job() -> tuple[list[torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+            result, found = capture_activations(
+                model.module, layers, Capture.output, lambda: run_batch(model, [batch])[0]
+            )
+            return flatten_outputs(result), found
+
+        outputs, captured = await served.executor.run_exclusive(job)
+    if names is None:
+        return {f"{OUTPUT_PREFIX}{i}": t for i, t in enumerate(outputs)}
+    picked: dict[str, torch.Tensor] = {}
+    for name, index in plan.model_outputs.items():
+        if index >= len(outputs):
+            raise InvalidField(
+                f"unknown output {name!r}: {model.name} has outputs output__0..output__{len(outputs) - 1}"
+            )
+        picked[name] = outputs[index]
+    for key, module in plan.layers.items():
+        picked[key] = _captured_output(key, module, captured)
+    return {name: picked[name] for name in names}
+
+
+def plan_outputs(model: LoadedModel, names: Sequence[str]) -> OutputPlan:
+    """Sort requested names into model outputs and layer keys; unknown names are a 422 with the closest ones."""
+    modules = model.layer_names
+    known = set(modules)
+    plan = OutputPlan()
+    for name in names:
+        match = OUTPUT_NAME.match(name)
+        if match:
+            plan.model_outputs[name] = int(match.group(1))
+            continue
+        module = _module_of(name, known)
+        if module is None:
+            close = closest_names(name, [f"{OUTPUT_PREFIX}0", *modules])
+            hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
+            raise InvalidField(
+                f"unknown output {name!r}: ask for output__0.. or a layer of {model.name}{hint} "
+                "(GET /models/{name}/layers lists them)"
+            )
+        plan.layers[name] = module
+    return plan
+
+
+def _module_of(key: str, modules: set[str]) -> str | None:
+    """The module a capture key belongs to: `a.b` itself, `a.b#2` (its 2nd call), `a.b.0` (element 0 of its output)."""
+    head = key
+    while True:
+        stem = head.split("#", 1)[0]
+        if stem in modules:
+            return stem
+        if "." not in head:
+            return None
+        head = head.rsplit(".", 1)[0]
+
+
+def _captured_output(key: str, module: str, captured: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
+    found = captured.get(key, {}).get("output")
+    if found is not None:
+        return found
+    mine = [k for k in captured if k == module or k.startswith((f"{module}.", f"{module}#"))]
+    if not mine:
+        raise InvalidField(f"layer {module!r} did not run in this forward, so {key!r} has no output")
+    raise InvalidField(f"no output {key!r}; layer {module!r} gives {', '.join(repr(k) for k in mine[:16])}")

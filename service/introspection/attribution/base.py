@@ -1,0 +1,158 @@
+"""What every attribution method shares: its parameters, its limits, attribute, heatmap.
+
+A method is one module in this package: a `MethodParams` subclass naming its own fields
+(the /saliency request is the union of every method's parameters, discriminated by
+`method`), and an `AttributionMethod` subclass registered with `@register_method`. The
+runner (`run.py`) resolves targets, calls `attribute` and turns each row into a
+`SaliencyItem` with the method's heatmap.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor, nn
+
+from service.config import Settings
+from service.errors import InvalidField
+
+
+class MethodParams(BaseModel):
+    """A method's own request fields; subclasses add `method: Literal["<name>"]` and their parameters."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    method: str
+
+
+P = TypeVar("P", bound=MethodParams)
+
+
+@dataclass(frozen=True)
+class SaliencyItem:
+    """One input's attribution (its own shape, no batch dim) and its `[H, W]` heatmap in [0, 1]."""
+
+    target: int
+    score: float
+    probability: float
+    attribution: Tensor
+    heatmap: Tensor
+    convergence_delta: float | None = None
+
+
+@dataclass
+class Attributions:
+    """`attribute`'s answer: one row per input, and Integrated Gradients' convergence deltas."""
+
+    rows: Tensor
+    deltas: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class AttributionContext:
+    """What a method may need besides the model and inputs: the model's module names and the memory bounds."""
+
+    settings: Settings
+    logits: Tensor  # the model's class scores for the inputs (already computed)
+
+
+class AttributionMethod(ABC, Generic[P]):
+    """One attribution method (one module of this package)."""
+
+    name: ClassVar[str]
+    params: ClassVar[type[MethodParams]]
+    title: ClassVar[str]  # for the OpenAPI page: the method and its paper
+
+    def check_limits(self, params: P, settings: Settings) -> None:
+        """Refuse parameters over a configured limit, before any work (nothing to check by default)."""
+
+    def resolve_layers(self, params: P, names: Sequence[str]) -> P:
+        """`params` with its layer names resolved against the model's module paths `names` (a 422 for
+        a name the model lacks), before any work. Methods that name no layer return `params`."""
+        return params
+
+    @abstractmethod
+    def attribute(
+        self, model: nn.Module, x: Tensor, targets: list[int], params: P, ctx: AttributionContext
+    ) -> Attributions:
+        """Attribution rows for `targets[i]` of each input `x[i]` (`x` requires grad, autograd is on)."""
+
+    def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
+        """An input-sized `[H, W]` map of one attribution row (min-max scaled by the runner)."""
+        return input_space_map(row)
+
+    def attribution_row(self, row: Tensor) -> Tensor:
+        """The attribution of one input as answered (the row itself by default)."""
+        return row
+
+
+_METHODS: dict[str, AttributionMethod[Any]] = {}
+
+
+def register_method(cls: type[AttributionMethod[P]]) -> type[AttributionMethod[P]]:
+    """Make `cls` available to /saliency under `cls.name`; a name registered twice is an error."""
+    if cls.name in _METHODS:
+        raise ValueError(f"attribution method {cls.name!r} is registered twice")
+    _METHODS[cls.name] = cls()
+    return cls
+
+
+def registered_methods() -> dict[str, AttributionMethod[Any]]:
+    return dict(_METHODS)
+
+
+def method_named(name: str) -> AttributionMethod[Any]:
+    method = _METHODS.get(name)
+    if method is None:
+        raise InvalidField(f"unknown saliency method {name!r}; choose one of {', '.join(_METHODS)}")
+    return method
+
+
+def input_space_map(attribution: Tensor) -> Tensor:
+    """Max over channels of |attribution| for `[C, H, W]`; `|a|` for `[H, W]`; `[1, L]` for `[L]`."""
+    magnitude = attribution.float().abs()
+    if magnitude.dim() >= 3:
+        return magnitude.reshape(-1, *magnitude.shape[-2:]).amax(dim=0)
+    if magnitude.dim() == 2:
+        return magnitude
+    return magnitude.reshape(1, -1)
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidField(message)
+
+
+def same_dtype(model: nn.Module, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """A forward that casts its input back to `dtype` (Captum's float32 noise or baselines would promote it)."""
+
+    def forward(x: Tensor) -> Tensor:
+        out: Tensor = model(x if x.dtype == dtype else x.to(dtype))
+        return out
+
+    return forward
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed the CPU and `device` generators with `seed`, restoring both states afterwards."""
+    if device.type == "cpu":
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            yield
+        return
+    module = torch.get_device_module(device.type)
+    index = device.index if device.index is not None else module.current_device()
+    with torch.random.fork_rng(devices=[index], device_type=device.type):
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.default_generators[index].manual_seed(seed)
+        else:
+            module.manual_seed(seed)
+        yield

@@ -1,0 +1,1 @@
+"""Shared test helpers: toy models with hand-set weights, loaded models without a registry."""
