@@ -13,7 +13,6 @@ import math
 import struct
 import zlib
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -21,26 +20,10 @@ import orjson
 
 from service.dtypes import BY_OIP
 from service.errors import BadInput, InvalidField, TooLarge
+from service.specs.vocab import Datatype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_DIMS = 8
-
-
-class Datatype(StrEnum):
-    BOOL = "BOOL"
-    UINT8 = "UINT8"
-    UINT16 = "UINT16"
-    UINT32 = "UINT32"
-    UINT64 = "UINT64"
-    INT8 = "INT8"
-    INT16 = "INT16"
-    INT32 = "INT32"
-    INT64 = "INT64"
-    FP16 = "FP16"
-    FP32 = "FP32"
-    FP64 = "FP64"
-    BF16 = "BF16"
-    BYTES = "BYTES"
 
 
 def wire_dtype(datatype: Datatype) -> np.dtype[Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.codecs.oip import Datatype
+from service.specs.vocab import Datatype
 
 INFER_REQUEST_EXAMPLE: dict[str, Any] = {
     "id": "42",

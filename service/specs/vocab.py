@@ -55,3 +55,20 @@ class SaliencyFormat(StrEnum):  # tensors, a binary file, or heatmaps over the i
 class TensorFileFormat(StrEnum):  # one state-dict tensor as a file
     npy = "npy"
     safetensors = "safetensors"
+
+
+class Datatype(StrEnum):  # Open Inference Protocol tensor datatypes (`service.dtypes` maps each numeric one)
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BF16 = "BF16"
+    BYTES = "BYTES"

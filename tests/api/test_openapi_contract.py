@@ -1,0 +1,53 @@
+"""The OpenAPI document keeps every operation and schema it had: additions are free, changes are deliberate.
+
+`openapi_contract.json` is the document as released. An operation or component that changes
+or disappears fails here; if the change is meant (API.md allows it, or it is a new version of
+an operation), regenerate the file with `python -m tests.api.test_openapi_contract` and say
+why in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+
+CONTRACT = Path(__file__).with_name("openapi_contract.json")
+
+
+def live_document() -> dict[str, Any]:
+    document: dict[str, Any] = create_app().openapi()
+    return document
+
+
+def test_every_released_operation_is_unchanged() -> None:
+    released = json.loads(CONTRACT.read_text())
+    live = live_document()
+    changed = [
+        f"{method.upper()} {path}"
+        for path, operations in released["paths"].items()
+        for method, operation in operations.items()
+        if live["paths"].get(path, {}).get(method) != operation
+    ]
+    assert not changed, f"operations changed or removed: {changed}"
+
+
+def test_every_released_schema_is_unchanged() -> None:
+    released = json.loads(CONTRACT.read_text())["components"]["schemas"]
+    live = live_document()["components"]["schemas"]
+    changed = [name for name, schema in released.items() if live.get(name) != schema]
+    assert not changed, f"schemas changed or removed: {changed}"
+
+
+def test_the_served_document_is_the_generated_one() -> None:
+    with TestClient(create_app()) as client:
+        served = client.get("/openapi.json").json()
+    assert served == json.loads(json.dumps(live_document()))
+
+
+if __name__ == "__main__":
+    CONTRACT.write_text(json.dumps(live_document(), indent=1, sort_keys=True) + "\n")
