@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from service.codecs.images import image_to_tensor
 from service.codecs.oip import (
-    Datatype,
     bf16_bits_to_float32,
     decode_tensor,
     decompress,
@@ -33,6 +32,7 @@ from service.dtypes import BY_TORCH
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
 from service.schemas.v2 import InferInputTensor, InferRequest, InferRequestedOutput
+from service.specs.vocab import Datatype
 
 INPUT_NAME = "input__0"
 OUTPUT_PREFIX = "output__"

@@ -12,9 +12,11 @@ from service.errors import InvalidField
 from service.introspection.attribution import MethodParams, SaliencyItem, method_named
 from service.introspection.gradients import GradientResult
 from service.introspection.layers import resolve_layers
-from service.introspection.targets import TargetSpec
+from service.introspection.targets import TargetSpec, check_target
 from service.registry.loaded import LoadedModel
-from service.runtime.attribution_jobs import run_gradients, run_saliency
+from service.runtime.runners.gradients import GRADIENTS
+from service.runtime.runners.gradients import GradientsRequest as GradientsRunRequest
+from service.runtime.runners.saliency import SaliencyRequest as SaliencyRunRequest
 from service.schemas.attribution import GradientsRequest, SaliencyCommon
 
 
@@ -33,17 +35,18 @@ class Saliency:
 
 
 class Attribution(PlaneBase):
+    """Requests are checked (layers, targets, limits) before their inputs are decoded and join a hooked batch."""
+
     async def gradients(self, body: GradientsRequest, images: Sequence[bytes] | None) -> Gradients:
         served = self.ready(body.model)
         model = served.model
-        inputs = await self.decode(body.inputs, images, model)
         names = resolve_layers(model.layer_names, body.layers, self.settings.max_layers) if body.layers else []
         if not names and not body.include_input:
             raise InvalidField("nothing to differentiate: give layers or set include_input to true")
         target: TargetSpec = body.target
-        result = await served.executor.run_exclusive(
-            lambda: run_gradients(model, inputs, names, target, body.include_input)
-        )
+        check_target(target, len(body.inputs), model.num_classes, model.labels)
+        request = GradientsRunRequest(tuple(names), target, body.include_input)
+        result = await served.executor.submit(GRADIENTS, self.decode(body.inputs, images, model), request)
         return Gradients(model.name, result)
 
     async def saliency(self, body: SaliencyCommon, images: Sequence[bytes] | None) -> Saliency:
@@ -55,8 +58,9 @@ class Attribution(PlaneBase):
         model = served.model
         method.check_limits(body, self.settings)
         params = method.resolve_layers(body, model.layer_names)
-        inputs = await self.decode(body.inputs, images, model)
         target: TargetSpec = body.target
-        settings = self.settings
-        items = await served.executor.run_exclusive(lambda: run_saliency(model, inputs, params, target, settings))
+        check_target(target, len(body.inputs), model.num_classes, model.labels)
+        inputs = await self.decode(body.inputs, images, model)
+        request = SaliencyRunRequest(params, target)
+        items = await served.executor.submit(self.saliency_runner, inputs, request)
         return Saliency(model, method.name, inputs, items)

@@ -13,6 +13,7 @@ from service.codecs.inputs import decode_batch
 from service.config import Settings
 from service.registry.loaded import LoadedModel
 from service.runtime.fleet import Fleet, ServedModel
+from service.runtime.runners.saliency import SaliencyRunner
 from service.schemas.common import InputItem
 
 T = TypeVar("T")
@@ -25,6 +26,7 @@ class PlaneBase:
         self.settings = settings
         self.fleet = fleet
         self.decode_pool = decode_pool
+        self.saliency_runner = SaliencyRunner(settings)
 
     def ready(self, name: str) -> ServedModel:
         """The ready model called `name` (404 unknown, 409 loading or failed)."""

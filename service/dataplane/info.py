@@ -48,5 +48,6 @@ def _fields(entry: Entry) -> dict[str, object]:
             "labels": model.labels is not None,
             "optimizer": type(model.optimizer).__name__ if model.optimizer is not None else None,
             "hooks": count_hooks(model.module),
+            "prediction_path": model.prediction_path,
         }
     return fields

@@ -1,4 +1,4 @@
-"""Activations: what named layers take and give for these inputs, captured by hooks that live for one request."""
+"""Activations: what named layers take and give for these inputs, captured by hooks that live for one batch."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from service.dataplane.base import PlaneBase
 from service.introspection.capture import Captured
 from service.introspection.layers import resolve_layers
-from service.runtime.activations_job import run_activations
+from service.introspection.predictions import top_k_predictions
+from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.schemas.activations import ActivationsRequest
 
 
@@ -22,11 +25,16 @@ class Activations:
 
 class Inspection(PlaneBase):
     async def activations(self, body: ActivationsRequest, images: Sequence[bytes] | None) -> Activations:
+        """Layers are resolved before the inputs are decoded; the request joins a hooked batch of its model."""
         served = self.ready(body.model)
         model = served.model
-        inputs = await self.decode(body.inputs, images, model)
         names = resolve_layers(model.layer_names, body.layers, self.settings.max_layers)
-        result = await served.executor.run_exclusive(
-            lambda: run_activations(model, inputs, names, body.capture, body.reduce)
+        request = CaptureRequest(tuple(names), body.capture, body.reduce)
+        found: CaptureResult = await served.executor.submit(
+            ACTIVATIONS, self.decode(body.inputs, images, model), request
         )
-        return Activations(model.name, result.predictions, result.captured)
+        output = found.output
+        predictions = None
+        if isinstance(output, torch.Tensor) and output.ndim == 2:
+            predictions = top_k_predictions(output, 5, model.label, include_logits=False)
+        return Activations(model.name, predictions, found.captured)

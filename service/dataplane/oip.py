@@ -27,11 +27,10 @@ from service.codecs.oip_infer import (
 )
 from service.dataplane.base import PlaneBase
 from service.errors import InvalidField, NotFound
-from service.introspection.capture import capture_activations
 from service.introspection.layers import closest_names
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import run_batch
 from service.runtime.fleet import ServedModel, Status
+from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.specs.vocab import Capture
 
 VERSIONS = ["1"]
@@ -132,15 +131,9 @@ async def _infer(served: ServedModel, decoded: DecodedInfer) -> dict[str, torch.
     if not plan.layers:
         outputs: list[torch.Tensor] = await served.executor.predict(batch, flatten_outputs)
     else:
-        layers = sorted(set(plan.layers.values()))
-
-        def job() -> tuple[list[torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-            result, found = capture_activations(
-                model.module, layers, Capture.output, lambda: run_batch(model, [batch])[0]
-            )
-            return flatten_outputs(result), found
-
-        outputs, captured = await served.executor.run_exclusive(job)
+        request = CaptureRequest(tuple(sorted(set(plan.layers.values()))), Capture.output)
+        found: CaptureResult = await served.executor.submit(ACTIVATIONS, batch, request)
+        outputs, captured = flatten_outputs(found.output), found.captured
     if names is None:
         return {f"{OUTPUT_PREFIX}{i}": t for i, t in enumerate(outputs)}
     picked: dict[str, torch.Tensor] = {}

@@ -36,21 +36,37 @@ def capture_activations(
     detached CPU copy. Hooks live in a `HookScope` and are removed even when `run` raises.
     State is local to the call, so concurrent calls on different models never mix tensors.
     """
+    result, captured, _ = capture_by_layer(model, layer_names, capture, run)
+    return result, captured
+
+
+def capture_by_layer(
+    model: nn.Module, layer_names: Sequence[str], capture: Capture, run: Callable[[], T]
+) -> tuple[T, Captured, dict[str, list[str]]]:
+    """As `capture_activations`, plus each layer's keys in firing order (`{layer: [key, ...]}`).
+
+    Batched requests share one forward over the union of their layers and each takes its own
+    layers' keys; a key's layer is known here, not guessed from its text (`a.b` may be module
+    `a.b` or element `b` of module `a`'s output).
+    """
     capture = Capture(capture)  # a plain "both" string works too
     modules = dict(model.named_modules())
     unknown = [name for name in layer_names if name not in modules]
     if unknown:
         raise InvalidField(f"unknown layers: {', '.join(repr(n) for n in unknown)}")
     captured: Captured = {}
+    recorders: list[_Recorder] = []
     with HookScope(model) as scope:
         for name in dict.fromkeys(layer_names):
             recorder = _Recorder(name, captured, capture)
+            recorders.append(recorder)
             module = modules[name]
             scope.add(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             if capture is not Capture.input:
                 scope.add(module.register_forward_hook(recorder.hook))
         result = run()
-    return result, {key: {side: t.cpu() for side, t in sides.items()} for key, sides in captured.items()}
+    on_cpu = {key: {side: t.cpu() for side, t in sides.items()} for key, sides in captured.items()}
+    return result, on_cpu, {r.name: [key for key in on_cpu if key in r.keys] for r in recorders}
 
 
 class _Recorder:
@@ -62,6 +78,7 @@ class _Recorder:
         self.capture = capture
         self.calls = 0
         self.open: list[str] = []
+        self.keys: set[str] = set()
 
     def pre_hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.calls += 1
@@ -82,6 +99,7 @@ class _Recorder:
             self._store(key, "output", t)
 
     def _store(self, key: str, side: str, t: Tensor) -> None:
+        self.keys.add(key)
         self.captured.setdefault(key, {})[side] = t.detach().clone(memory_format=torch.contiguous_format)
 
 

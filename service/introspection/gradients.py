@@ -40,11 +40,14 @@ class _Keeper:
     Downstream in-place ops (ResNet's `ReLU(inplace=True)`) then modify the clone, so the
     kept tensor stays the layer's own output and its gradient is d score / d output. Calls
     are numbered in a forward-pre hook and keys follow `capture.py` (`name#2`, `name.0`).
+    With `grad_from_first`, the forward runs without autograd until the first kept output,
+    which becomes a leaf: only the graph downstream of the earliest requested layer is built.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grad_from_first: bool = False) -> None:
         self.kept: dict[str, Tensor] = {}
         self.order: dict[str, list[str]] = {}
+        self.grad_from_first = grad_from_first
 
     def hooks(self, name: str) -> tuple[_PreHook, _Hook]:
         self.order[name] = []
@@ -56,6 +59,8 @@ class _Keeper:
             open_calls.append(name if calls[0] == 1 else f"{name}#{calls[0]}")
 
         def keep(module: nn.Module, args: object, output: object) -> object:
+            if self.grad_from_first:
+                torch.set_grad_enabled(True)  # from here on the forward builds a graph (restored by the caller)
             return self._track(name, open_calls.pop(), output)
 
         return number, keep
@@ -94,6 +99,78 @@ def _rebuild(original: Mapping[Any, object], items: dict[Any, object]) -> object
         return items
 
 
+@dataclass
+class LayerGradients:
+    """One forward and backward over a batch: logits, resolved targets, and what was differentiated.
+
+    `kept[key]` is a layer output (or the input under `INPUT_KEY`) and `gradients[key]` its
+    gradient; `keys[layer]` lists the layer's keys in forward order (empty: it did not run or
+    gave no floating-point tensor).
+    """
+
+    logits: Tensor
+    targets: list[int]
+    scores: Tensor
+    kept: dict[str, Tensor]
+    gradients: dict[str, Tensor]
+    keys: dict[str, list[str]]
+
+
+def layer_gradients(
+    model: nn.Module,
+    x: Tensor,
+    layer_names: Sequence[str],
+    resolve: Callable[[Tensor], list[int]],
+    *,
+    include_input: bool,
+) -> LayerGradients:
+    """d(sum of each row's target logit)/d(named layer outputs, and the input when asked), in one pass.
+
+    `resolve(logits)` picks one class per row. Rows are independent in eval mode, so row i of
+    each gradient is d logits[i, t_i]. Autograd runs only where it is needed: from the input
+    when its gradient is asked for, else from the earliest named layer's output on.
+    Parameters are never touched (no `.backward()`, no `param.grad`, no `requires_grad_`).
+    """
+    names = list(dict.fromkeys(layer_names))
+    modules = {name: find_layer(model, name) for name in names}
+    if include_input and not x.is_floating_point():
+        raise InvalidField(f"the input ({x.dtype}) is not differentiable; set include_input to false")
+    keeper = _Keeper(grad_from_first=not include_input)
+    with torch.inference_mode(False), HookScope(model) as scope:
+        inputs = x.detach().clone()
+        if include_input:
+            inputs.requires_grad_(True)
+        for name, module in modules.items():
+            number, keep = keeper.hooks(name)
+            scope.add(module.register_forward_pre_hook(number))
+            scope.add(module.register_forward_hook(keep))
+        with torch.set_grad_enabled(include_input):  # a kept layer output turns it on (see _Keeper)
+            output = model(inputs)
+        with torch.enable_grad():
+            logits = class_scores(output)
+            targets = resolve(logits)
+            scores = target_scores(logits, targets)
+            keys = list(keeper.kept)  # forward order, as /activations lists them
+            wrt = [keeper.kept[key] for key in keys]
+            if include_input:
+                keys.append(INPUT_KEY)
+                wrt.append(inputs)
+            grads: Sequence[Tensor] = ()
+            if wrt:
+                if not scores.requires_grad:
+                    raise InvalidField("the model's output does not depend on anything differentiable")
+                grads = torch.autograd.grad(scores.sum(), wrt, allow_unused=True, materialize_grads=True)
+    kept = {key: t.detach() for key, t in zip(keys, wrt, strict=True)}
+    return LayerGradients(
+        logits=logits.detach(),
+        targets=targets,
+        scores=scores.detach(),
+        kept=kept,
+        gradients={key: grad.detach() for key, grad in zip(keys, grads, strict=True)},
+        keys={name: list(keeper.order.get(name, [])) for name in names},
+    )
+
+
 def compute_gradients(
     model: nn.Module,
     x: Tensor,
@@ -107,38 +184,15 @@ def compute_gradients(
 
     `x` is a batch `[N, ...]` on the model's device; gradients come back detached on that device.
     """
-    names = list(dict.fromkeys(layer_names))
-    modules = {name: find_layer(model, name) for name in names}
-    if include_input and not x.is_floating_point():
-        raise InvalidField(f"the input ({x.dtype}) is not differentiable; set include_input to false")
-    keeper = _Keeper()
-    with torch.inference_mode(False), torch.enable_grad(), HookScope(model) as scope:
-        inputs = x.detach().clone()
-        if inputs.is_floating_point():  # also lets layers of a frozen model reach the graph
-            inputs.requires_grad_(True)
-        for name, module in modules.items():
-            number, keep = keeper.hooks(name)
-            scope.add(module.register_forward_pre_hook(number))
-            scope.add(module.register_forward_hook(keep))
-        logits = class_scores(model(inputs))
-        targets = resolve_targets(target, logits, labels)
-        scores = target_scores(logits, targets)
-        for name in names:
-            _check_ran(keeper, name)
-        keys = list(keeper.kept)  # forward order, as /activations lists them
-        wrt = [keeper.kept[key] for key in keys]
-        if include_input:
-            keys.append(INPUT_KEY)
-            wrt.append(inputs)
-        grads: Sequence[Tensor] = ()
-        if wrt:
-            if not scores.requires_grad:
-                raise InvalidField("the model's output does not depend on anything differentiable")
-            grads = torch.autograd.grad(scores.sum(), wrt, allow_unused=True, materialize_grads=True)
+    found = layer_gradients(
+        model, x, layer_names, lambda logits: resolve_targets(target, logits, labels), include_input=include_input
+    )
+    for name in dict.fromkeys(layer_names):
+        check_ran(name, found.keys[name])
     return GradientResult(
-        targets=targets,
-        scores=[float(s) for s in scores.detach().float().tolist()],
-        gradients={key: grad.detach() for key, grad in zip(keys, grads, strict=True)},
+        targets=found.targets,
+        scores=[float(s) for s in found.scores.float().tolist()],
+        gradients=found.gradients,
     )
 
 
@@ -152,9 +206,9 @@ def find_layer(model: nn.Module, name: str) -> nn.Module:
     raise InvalidField(f"unknown layer {name!r}{hint} (GET /models/{{name}}/layers lists them)")
 
 
-def _check_ran(keeper: _Keeper, name: str) -> None:
-    """Refuse a layer that did not run or gave no floating-point tensor."""
-    if not keeper.order.get(name):
+def check_ran(name: str, keys: Sequence[str]) -> None:
+    """Refuse a layer that did not run or gave no floating-point tensor (it has no keys)."""
+    if not keys:
         raise InvalidField(
             f"layer {name!r} produced no differentiable tensor in the forward pass "
             "(it did not run, or its output is not a floating-point tensor)"

@@ -57,6 +57,26 @@ def resolve_targets(target: TargetSpec, logits: Tensor, labels: Sequence[str] | 
     return [_resolve_one(item, k, labels) for item in items]
 
 
+def check_target(target: TargetSpec, n: int, num_classes: int | None, labels: Sequence[str] | None) -> None:
+    """Refuse, before any work, a target that `resolve_targets` would refuse for `n` inputs of any content.
+
+    `num_classes` None (the output's width is unknown until a forward) leaves the check to the forward.
+    """
+    if target is None or num_classes is None:
+        return
+    if isinstance(target, (int, str)):
+        _resolve_one(target, num_classes, labels)
+        return
+    items = list(target)
+    if len(items) != n:
+        raise InvalidField(
+            f"target has {len(items)} entries but there are {n} inputs; give one target per input, "
+            "a single class for all, or null for each input's top-1"
+        )
+    for item in items:
+        _resolve_one(item, num_classes, labels)
+
+
 def _resolve_one(target: object, num_classes: int, labels: Sequence[str] | None) -> int:
     """Resolve one class index or label into an index in [0, num_classes)."""
     if isinstance(target, bool) or not isinstance(target, (int, str)):

@@ -29,7 +29,8 @@ class LoadedModel:
     text: str = field(repr=False)
     layer_names: tuple[str, ...] = field(default=(), repr=False)  # module paths, named_modules() order
     channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
-    compiled: nn.Module | None = field(default=None, repr=False)  # torch.compile'd forward for plain predictions
+    fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
+    prediction_path: str = "eager"  # what `fast` is: "fused", "compiled", "fused+compiled"; "eager" when None
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     @property
@@ -37,12 +38,13 @@ class LoadedModel:
         return self.spec.name
 
     @property
-    def forward_module(self) -> nn.Module:
-        """What plain predictions call: the compiled module when compiled, else the module itself.
+    def prediction_module(self) -> nn.Module:
+        """What plain predictions call: the fast copy when there is one, else the eager module.
 
-        Introspection always uses `module`, whose hooks a compiled graph would not honour.
+        Hooks are only ever registered on `module`; the fast copy shares no submodule with it,
+        so no hook fires for a prediction and no compiled graph ever sees a hook.
         """
-        return self.compiled if self.compiled is not None else self.module
+        return self.fast if self.fast is not None else self.module
 
     @property
     def channels(self) -> int:

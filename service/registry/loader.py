@@ -14,6 +14,7 @@ from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
 from service.introspection.layers import module_names
 from service.registry.devices import pick_device
+from service.registry.fast_path import Placement, prediction_path
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
 from service.registry.optimizers import build_optimizer
@@ -23,7 +24,6 @@ from service.registry.weights import load_into, load_optimizer_state, read_weigh
 from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
 
 IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
-COMPILE_BACKEND = "inductor"
 log = logging.getLogger("hookserve.loader")
 
 
@@ -73,7 +73,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         ) from None
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
-    compiled = compile_module(module, input_size, device, dtype, channels_last) if spec.compile else None
+    path = prediction_path(spec, module, Placement(input_size, device, dtype, channels_last))
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -90,7 +90,8 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         text=repr(module),
         layer_names=tuple(module_names(module)),
-        compiled=compiled,
+        fast=path.module,
+        prediction_path=path.name,
         channels_last=channels_last,
     )
 
@@ -127,15 +128,6 @@ def use_channels_last(memory_format: MemoryFormat, module: nn.Module, input_size
     if memory_format is not MemoryFormat.auto:
         return memory_format is MemoryFormat.channels_last
     return len(input_size) == 3 and any(isinstance(m, nn.Conv2d) for m in module.modules())
-
-
-def compile_module(
-    module: nn.Module, input_size: list[int], device: torch.device, dtype: torch.dtype, channels_last: bool
-) -> nn.Module:
-    """`torch.compile` for plain predictions (batch size dynamic), compiled now rather than on a request."""
-    compiled: nn.Module = torch.compile(module, dynamic=True, backend=COMPILE_BACKEND)  # type: ignore[assignment]
-    warm_up(compiled, input_size, device, dtype, channels_last)
-    return compiled
 
 
 def resolve_preprocess(spec: ModelSpec, module: nn.Module) -> tuple[PreprocessSpec, list[int]]:

@@ -7,18 +7,20 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 
 from service.errors import InvalidField, first_line
 from service.registry.loaded import LoadedModel
 
 
-def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor]) -> list[Any]:
-    """Forward the concatenation of `inputs` under inference_mode; one output slice per input."""
+def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor], module: nn.Module | None = None) -> list[Any]:
+    """Forward the concatenation of `inputs` under inference_mode (on `module`, default the eager
+    module); one output slice per input."""
     sizes = [int(x.shape[0]) for x in inputs]
     with torch.inference_mode():
         batch = inputs[0] if len(inputs) == 1 else torch.cat(list(inputs))
         batch = to_device(batch, model)
-        output = forward_checked(model, batch)
+        output = forward_checked(model, batch, module)
         if len(inputs) == 1:
             return [to_cpu(output)]
         return [to_cpu(part) for part in split_output(output, sizes)]
@@ -44,10 +46,10 @@ def foreign_shape_errors(model: LoadedModel, batch: torch.Tensor) -> Iterator[No
         ) from None
 
 
-def forward_checked(model: LoadedModel, batch: torch.Tensor) -> Any:
-    """`model.module(batch)` with `foreign_shape_errors`."""
+def forward_checked(model: LoadedModel, batch: torch.Tensor, module: nn.Module | None = None) -> Any:
+    """`module(batch)` (default the eager module) with `foreign_shape_errors`."""
     with foreign_shape_errors(model, batch):
-        return model.module(batch)
+        return (module if module is not None else model.module)(batch)
 
 
 def to_device(x: torch.Tensor, model: LoadedModel) -> torch.Tensor:

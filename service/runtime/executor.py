@@ -1,10 +1,10 @@
 """The model executor: the only code that runs a model (DESIGN.md invariant 1).
 
-Worker threads take jobs from one bounded queue. Prediction jobs of the same input shape
-are merged into one batch (flushed at `max_batch_size`, after `max_batch_delay_ms`, or at
-once when no other request for this model is on its way) and run under the shared side of
-a reader-writer lock, so several batches may run in parallel. Jobs that register hooks run
-under the exclusive side: no other job touches the model while their hooks exist.
+Worker threads take batches from the model's scheduler (`scheduler.py` states the order) and
+run them with the runner of their kind: predictions on the prediction path (a fused or
+compiled copy when the model has one), hooked work (activations, gradients, saliency) on the
+eager module, alone on it, batched across requests like predictions are. CPU work takes its
+intra-op threads from the process's thread budget.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,9 +24,10 @@ import torch
 
 from service.errors import DeadlineExceeded, HookserveError, Unavailable
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import run_batch
-from service.runtime.jobs import BatchJob, CallJob, JobKind, JobQueue
-from service.runtime.rwlock import ReadWriteLock
+from service.runtime.jobs import JobKind
+from service.runtime.runners.base import Runner
+from service.runtime.runners.predict import PREDICT
+from service.runtime.scheduler import Access, Batch, Job, Scheduler
 from service.runtime.threads import ThreadBudget, pin_torch_threads
 
 T = TypeVar("T")
@@ -44,9 +45,10 @@ class ExecutorConfig:
 
 @dataclass
 class ExecutorStats:
-    batches: int = 0
-    batched_samples: int = 0
-    exclusive_jobs: int = 0
+    batches: int = 0  # prediction batches
+    batched_samples: int = 0  # samples in prediction batches
+    exclusive_jobs: int = 0  # jobs that held the eager module (hooked requests, summaries)
+    hooked_batches: int = 0  # batches of hooked requests
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,29 @@ class JobRecord:
 
     model: str
     kind: JobKind
-    samples: int  # inputs in a prediction batch; 0 for other jobs
-    waited_s: tuple[float, ...]  # per job: queued -> began (batching delay, lock and thread waits included)
+    samples: int  # inputs in the batch; 0 for jobs without inputs
+    waited_s: tuple[float, ...]  # per job: queued -> began (batching delay, model and thread waits included)
     ran_s: float  # began -> done: the batch or job running on the model
 
 
 JobObserver = Callable[[JobRecord], None]
+
+
+@dataclass(frozen=True)
+class _Work:
+    """A batchable job's payload: its runner, inputs and request."""
+
+    runner: Runner[Any]
+    inputs: torch.Tensor
+    request: Any
+
+
+_KINDS = {
+    Access.FAST: JobKind.predict,
+    Access.EAGER_SHARED: JobKind.predict,
+    Access.EAGER_EXCLUSIVE: JobKind.exclusive,
+    Access.READ: JobKind.shared,
+}
 
 
 class ModelExecutor:
@@ -78,10 +97,9 @@ class ModelExecutor:
         self._uses_cpu_threads = model.device.type == "cpu"
         self.config = config
         self.stats = ExecutorStats()
-        self._queue = JobQueue(config.max_queue)
-        self._lock = ReadWriteLock()
-        self._incoming = 0
-        self._incoming_lock = threading.Lock()
+        self._scheduler = Scheduler(config.max_queue, config.max_batch_size, config.max_batch_delay_ms / 1000.0)
+        self._running = 0
+        self._running_lock = threading.Lock()
         self._on_job = on_job
         self._threads = [
             threading.Thread(target=self._work, name=f"hookserve-{model.name}-{i}", daemon=True)
@@ -93,47 +111,60 @@ class ModelExecutor:
     # ---- submission (event loop side) -------------------------------------------------
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return len(self._scheduler)
 
     async def predict(
         self, inputs: torch.Tensor | Awaitable[torch.Tensor], post: Callable[[Any], T] | None = None
     ) -> Any:
         """Forward `inputs` [N, ...] as part of a dynamic batch; returns `post(this request's output slice)`.
 
-        `inputs` may be an awaitable (the request's decoding): while it runs, batches of this
-        model may wait for it, up to `max_batch_delay_ms`.
+        `inputs` may be an awaitable (the request's decoding): while it runs, a forming batch of
+        this model may wait for it, up to `max_batch_delay_ms`.
         """
+        return await self.submit(PREDICT, inputs, post)
+
+    async def submit(self, runner: Runner[Any], inputs: torch.Tensor | Awaitable[torch.Tensor], request: Any) -> Any:
+        """Run `request` on `inputs` [N, ...] with `runner`, batched with other requests of the same key."""
         future: Future[Any] = Future()
         if isinstance(inputs, torch.Tensor):
-            self._queue.put(BatchJob(future, inputs, post))
+            job = self._job(future, runner, inputs, request)
+            self._scheduler.put(job)
         else:
-            with self._incoming_request():
-                self._queue.put(BatchJob(future, await inputs, post))
+            with self._announced(runner.name):
+                job = self._job(future, runner, await inputs, request)
+                self._scheduler.put(job)
         return await self._wait(future)
 
-    @contextmanager
-    def _incoming_request(self) -> Iterator[None]:
-        """Count a request being decoded (batchers may wait for it) until it is queued or fails."""
-        with self._incoming_lock:
-            self._incoming += 1
-        try:
-            yield
-        finally:
-            with self._incoming_lock:
-                self._incoming -= 1
-            self._queue.wake()
-
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on a worker thread while holding the model exclusively (hooks allowed)."""
+        """Run `fn` on a worker thread holding the eager module alone (hooks allowed)."""
         future: Future[T] = Future()
-        self._queue.put(CallJob(future, fn, JobKind.exclusive))
+        self._scheduler.put(Job(future, Access.EAGER_EXCLUSIVE, kind="exclusive", payload=fn, size=0))
         return await self._wait(future)
 
     async def run_shared(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on a worker thread beside prediction batches (reads only, no hooks)."""
+        """Run `fn` on a worker thread; it only reads parameters and metadata (no forward, no hooks)."""
         future: Future[T] = Future()
-        self._queue.put(CallJob(future, fn, JobKind.shared))
+        self._scheduler.put(Job(future, Access.READ, kind="shared", payload=fn, size=0))
         return await self._wait(future)
+
+    def _job(self, future: Future[Any], runner: Runner[Any], inputs: torch.Tensor, request: Any) -> Job:
+        if runner.hooked:
+            access = Access.EAGER_EXCLUSIVE
+            batchable = self.model.spec.batch_introspection
+        else:
+            access = Access.FAST if self.model.fast is not None else Access.EAGER_SHARED
+            batchable = True
+        key = (runner.name, runner.key(request), tuple(inputs.shape[1:]), inputs.dtype) if batchable else None
+        return Job(future, access, key, int(inputs.shape[0]), runner.name, _Work(runner, inputs, request))
+
+    @contextmanager
+    def _announced(self, kind: str) -> Iterator[None]:
+        """Count a request being decoded (a forming batch may wait for it) until it is queued or fails."""
+        self._scheduler.announce(kind)
+        try:
+            yield
+        finally:
+            self._scheduler.withdraw(kind)
 
     async def _wait(self, future: Future[T]) -> T:
         """Await a job within the deadline; a job still queued at the deadline never runs."""
@@ -148,84 +179,108 @@ class ModelExecutor:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish queued jobs, then end the threads."""
-        self._queue.close()
+        self._scheduler.close()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     # ---- worker side ------------------------------------------------------------------
-    def _more_coming(self) -> bool:
-        return self._incoming > 0
-
     def _alone(self) -> bool:
-        """Nothing else queued, running, or being decoded for this model: a job may use every core."""
-        return (
-            len(self._queue) == 0 and self._incoming == 0 and self._lock.readers == 0 and not self._lock.writer_active
-        )
-
-    def _call(self, fn: Callable[[], T], lock: Callable[[], AbstractContextManager[None]]) -> tuple[T, float]:
-        """Run `fn` holding `lock`; CPU models within the process's thread budget (taken first, so a
-        job can tell whether it runs alone), GPU models on this driver thread.
-
-        Returns `fn`'s result and the moment it began: once it held the lock and its threads."""
-        began = 0.0
-
-        def locked() -> T:
-            nonlocal began
-            with lock():
-                began = time.perf_counter()
-                return fn()
-
-        result = self._budget.run(locked, self._alone) if self._uses_cpu_threads else locked()
-        return result, began
+        """Only this batch runs and nothing waits for this model: it may use every core."""
+        return self._running == 1 and self._scheduler.quiet
 
     def _work(self) -> None:
         pin_torch_threads(1)
-        while (job := self._queue.take()) is not None:
-            if isinstance(job, BatchJob):
-                delay = self.config.max_batch_delay_ms / 1000.0
-                batch = self._queue.take_batch(job, self.config.max_batch_size, delay, self._more_coming)
-                live = [j for j in batch if j.future.set_running_or_notify_cancel()]
+        while (batch := self._scheduler.take()) is not None:
+            with self._running_lock:
+                self._running += 1
+            try:
+                live = [job for job in batch.jobs if job.future.set_running_or_notify_cancel()]
                 if live:
-                    self._run_predict(live)
-            elif job.future.set_running_or_notify_cancel():
-                self._run_function(job)
+                    self._run(Batch(live, batch.access))
+            finally:
+                with self._running_lock:
+                    self._running -= 1
+                self._scheduler.done(batch)
 
-    def _report(self, kind: JobKind, jobs: list[BatchJob] | list[CallJob], samples: int, began: float) -> None:
-        if self._on_job is not None:
-            waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
-            self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
+    def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """Run `fn` (CPU models within the thread budget; GPU models on this thread); its result and start."""
+        began = 0.0
 
-    def _run_predict(self, jobs: list[BatchJob]) -> None:
+        def timed() -> T:
+            nonlocal began
+            began = time.perf_counter()
+            return fn()
+
+        result = self._budget.run(timed, self._alone) if self._uses_cpu_threads else timed()
+        return result, began
+
+    def _run(self, batch: Batch) -> None:
+        jobs = batch.jobs
+        kind = _KINDS[batch.access]
+        if not isinstance(jobs[0].payload, _Work):
+            self._run_function(jobs[0], kind)
+            return
         try:
-            inputs = [j.inputs for j in jobs]
-            outputs, began = self._call(lambda: run_batch(self.model, inputs), self._lock.shared)
-        except BaseException as exc:  # every waiter must hear about the failure
+            answers, began = self._call(lambda: self._answers([job.payload for job in jobs]))
+        except BaseException as exc:
+            if len(jobs) > 1 and not isinstance(exc, torch.OutOfMemoryError):
+                self._run_alone(jobs, kind)  # one request's failure must not decide the others'
+                return
             error = _domain_error(exc, self.model)
             for job in jobs:
                 job.future.set_exception(error)
             return
-        samples = sum(j.size for j in jobs)
-        self.stats.batches += 1
-        self.stats.batched_samples += samples
-        self._report(JobKind.predict, jobs, samples, began)
-        for job, output in zip(jobs, outputs, strict=True):
+        self._count(batch, kind)
+        self._report(kind, jobs, batch.size, began)
+        for job, answer in zip(jobs, answers, strict=True):
+            if isinstance(answer, BaseException):
+                job.future.set_exception(_domain_error(answer, self.model))
+            else:
+                job.future.set_result(answer)
+
+    def _run_alone(self, jobs: list[Job], kind: JobKind) -> None:
+        """Each job of a failed batch once more, by itself."""
+        for job in jobs:
             try:
-                job.future.set_result(job.post(output) if job.post is not None else output)
+                answers, began = self._call(lambda job=job: self._answers([job.payload]))  # type: ignore[misc]
             except BaseException as exc:
                 job.future.set_exception(_domain_error(exc, self.model))
+                continue
+            self._report(kind, [job], job.size, began)
+            answer = answers[0]
+            if isinstance(answer, BaseException):
+                job.future.set_exception(_domain_error(answer, self.model))
+            else:
+                job.future.set_result(answer)
 
-    def _run_function(self, job: CallJob) -> None:
-        lock = self._lock.exclusive if job.kind is JobKind.exclusive else self._lock.shared
+    def _answers(self, works: list[_Work]) -> list[Any]:
+        return works[0].runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
+
+    def _run_function(self, job: Job, kind: JobKind) -> None:
+        fn: Callable[[], Any] = job.payload
         try:
-            result, began = self._call(job.fn, lock)
+            result, began = self._call(fn)
         except BaseException as exc:
             job.future.set_exception(_domain_error(exc, self.model))
             return
-        if job.kind is JobKind.exclusive:
+        if kind is JobKind.exclusive:
             self.stats.exclusive_jobs += 1
-        self._report(job.kind, [job], 0, began)
+        self._report(kind, [job], 0, began)
         job.future.set_result(result)
+
+    def _count(self, batch: Batch, kind: JobKind) -> None:
+        if kind is JobKind.predict:
+            self.stats.batches += 1
+            self.stats.batched_samples += batch.size
+        elif kind is JobKind.exclusive:
+            self.stats.hooked_batches += 1
+            self.stats.exclusive_jobs += len(batch.jobs)
+
+    def _report(self, kind: JobKind, jobs: list[Job], samples: int, began: float) -> None:
+        if self._on_job is not None:
+            waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
+            self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
 
 
 def _domain_error(exc: BaseException, model: LoadedModel) -> BaseException:

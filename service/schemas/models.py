@@ -35,6 +35,12 @@ class ModelInfo(BaseModel):
     labels: bool = False
     optimizer: str | None = Field(None, examples=["SGD"])
     hooks: int = Field(0, description="Hooks registered on the model's modules right now; 0 between requests.")
+    prediction_path: str | None = Field(
+        None,
+        description='What plain predictions run on: "fused" (a copy with BatchNorm folded), "compiled", '
+        '"fused+compiled", or "eager" (the served module itself). Hooked requests always use the served module.',
+        examples=["fused"],
+    )
     load_seconds: float | None = None
 
 

@@ -90,7 +90,17 @@ class ModelSpec(BaseModel):
     optimizer: OptimizerSpec | None = None
     max_batch_size: int | None = Field(None, ge=1, le=1024)
     max_batch_delay_ms: float | None = Field(None, ge=0, le=10_000)
-    compile: bool = Field(False, description="torch.compile the model (off by default).")
+    compile: bool = Field(False, description="torch.compile the prediction path (off by default).")
+    fuse: bool = Field(
+        True,
+        description="Predictions run on a copy with BatchNorm folded into the convolutions before it when that "
+        "copy's logits stay within 1e-4 of the model's; hooks always see the model as it is.",
+    )
+    batch_introspection: bool = Field(
+        True,
+        description="Batch concurrent activations, gradients and saliency requests into one forward; set false "
+        "when the model's forward couples the samples of a batch.",
+    )
     memory_format: MemoryFormat = Field(
         MemoryFormat.auto,
         description="auto (channels_last for convolutional image models: faster on CPU and CUDA) | "

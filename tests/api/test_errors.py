@@ -262,5 +262,5 @@ def test_errors_leave_no_announced_requests_behind(builtin_client: TestClient) -
     for inputs in ([{"image": "###"}], [tensor([1, 32, 32])], [{"image": b64(bomb_png())}]):
         assert builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs}).status_code >= 400
     executor = builtin_client.app.state.hookserve.fleet.entry("lenet").executor  # type: ignore[attr-defined]
-    assert executor._incoming == 0
+    assert executor._scheduler.quiet  # nothing queued, nothing announced
     assert builtin_client.get("/models/lenet").json()["hooks"] == 0

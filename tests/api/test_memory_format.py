@@ -51,6 +51,7 @@ name = "auto"
 source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
+fuse = false  # predictions on the module itself: its kernels in each format are what is compared
 
 [[models]]
 name = "plain"
@@ -58,6 +59,7 @@ source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
 memory_format = "contiguous"
+fuse = false
 
 [[models]]
 name = "mlp"

@@ -9,8 +9,7 @@ runner (`run.py`) resolves targets, calls `attribute` and turns each row into a
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -56,14 +55,24 @@ class Attributions:
 
 @dataclass(frozen=True)
 class AttributionContext:
-    """What a method may need besides the model and inputs: the model's module names and the memory bounds."""
+    """What a method may need besides the model and inputs: the memory bounds, the scores already computed."""
 
     settings: Settings
-    logits: Tensor  # the model's class scores for the inputs (already computed)
+    logits: Tensor  # the model's class scores for the inputs
 
 
-class AttributionMethod(ABC, Generic[P]):
-    """One attribution method (one module of this package)."""
+INPUT = ""
+"""`graph_from`'s answer for methods that differentiate with respect to the input itself."""
+
+
+class AttributionMethod(Generic[P]):
+    """One attribution method (one module of this package).
+
+    A method either differentiates the target scores once with respect to one tensor (the
+    input, or a layer's output: `graph_from` names it and `from_graph` turns the tensor and its
+    gradient into attribution rows; autograd then runs only downstream of that tensor), or it
+    runs its own forwards (`attribute`, e.g. Captum's noise tunnels and path integrals).
+    """
 
     name: ClassVar[str]
     params: ClassVar[type[MethodParams]]
@@ -77,11 +86,23 @@ class AttributionMethod(ABC, Generic[P]):
         a name the model lacks), before any work. Methods that name no layer return `params`."""
         return params
 
-    @abstractmethod
+    def batch_key(self, params: P) -> Hashable:
+        """Requests whose keys are equal can share one batch; the parameters that must then agree."""
+        return ()
+
+    def graph_from(self, params: P, model: nn.Module) -> str | None:
+        """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""
+        return None
+
+    def from_graph(self, kept: Sequence[Tensor], grads: Sequence[Tensor], params: P, x: Tensor) -> Tensor:
+        """Attribution rows from the tensor(s) `graph_from` named and their gradients."""
+        raise NotImplementedError(f"{self.name} runs its own forwards")
+
     def attribute(
-        self, model: nn.Module, x: Tensor, targets: list[int], params: P, ctx: AttributionContext
+        self, model: nn.Module, x: Tensor, targets: list[int], params: Sequence[P], ctx: AttributionContext
     ) -> Attributions:
-        """Attribution rows for `targets[i]` of each input `x[i]` (`x` requires grad, autograd is on)."""
+        """Attribution rows for `targets[i]` of each input `x[i]` with `params[i]` (`x` requires grad)."""
+        raise NotImplementedError(f"{self.name} differentiates one graph (graph_from)")
 
     def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
         """An input-sized `[H, W]` map of one attribution row (min-max scaled by the runner)."""

@@ -1,24 +1,21 @@
-"""Grad-CAM (Selvaraju et al. 2017, arXiv:1610.02391) at a spatial layer, through Captum's `LayerGradCam`."""
+"""Grad-CAM (Selvaraju et al. 2017, arXiv:1610.02391) at a spatial layer, by the formula Captum's `LayerGradCam` uses.
+
+One forward, without autograd until the layer, and one backward from the target scores to
+that layer's output only: the channel weights are the spatially averaged gradients, the map
+is the ReLU of the weighted channel sum.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import torch.nn.functional as F
-from captum.attr import LayerGradCam
 from pydantic import Field
 from torch import Tensor, nn
 
 from service.errors import InvalidField
-from service.introspection.attribution.base import (
-    AttributionContext,
-    AttributionMethod,
-    Attributions,
-    MethodParams,
-    register_method,
-)
-from service.introspection.gradients import find_layer
+from service.introspection.attribution.base import AttributionMethod, MethodParams, register_method
 from service.introspection.layers import last_conv2d, resolve_layers
 
 
@@ -29,8 +26,7 @@ class GradCamParams(MethodParams):
 
 @register_method
 class GradCam(AttributionMethod[GradCamParams]):
-    """The map is `[h, w]` at the layer's resolution (ReLU of the gradient-weighted channel sum);
-    its heatmap is that map resized bilinearly to the input."""
+    """The map is `[h, w]` at the layer's resolution; its heatmap is that map resized bilinearly to the input."""
 
     name = "gradcam"
     params = GradCamParams
@@ -41,28 +37,36 @@ class GradCam(AttributionMethod[GradCamParams]):
             return params
         return params.model_copy(update={"layer": resolve_layers(names, [params.layer], 1)[0]})
 
-    def attribute(
-        self, model: nn.Module, x: Tensor, targets: list[int], params: GradCamParams, ctx: AttributionContext
-    ) -> Attributions:
-        name = params.layer if params.layer is not None else last_conv2d(model)
+    def batch_key(self, params: GradCamParams) -> Hashable:
+        return params.layer
+
+    def graph_from(self, params: GradCamParams, model: nn.Module) -> str:
+        if params.layer is not None:
+            return params.layer
+        name = last_conv2d(model)
         if name is None:
             raise InvalidField("gradcam needs a layer: this model has no Conv2d, so name one in `layer`")
-        maps = LayerGradCam(model, find_layer(model, name)).attribute(x, target=targets, relu_attributions=True)
-        return Attributions(_checked_maps(maps, params.layer, x))
+        return name
+
+    def from_graph(self, kept: Sequence[Tensor], grads: Sequence[Tensor], params: GradCamParams, x: Tensor) -> Tensor:
+        where = repr(params.layer) if params.layer is not None else "the default layer"
+        if len(kept) != 1:
+            raise InvalidField(
+                f"gradcam needs a layer with one spatial output [N, C, h, w] on an image input; {where} gives "
+                "several outputs"
+            )
+        act, grad = kept[0], grads[0]
+        if act.dim() != 4 or x.dim() < 3:
+            shape = [act.shape[0], 1, *act.shape[2:]]
+            raise InvalidField(
+                f"gradcam needs a layer with one spatial output [N, C, h, w] on an image input; {where} gives "
+                f"maps of shape {shape}"
+            )
+        weights = grad.mean(dim=(2, 3), keepdim=True)
+        return F.relu((weights * act).sum(dim=1, keepdim=True))
 
     def attribution_row(self, row: Tensor) -> Tensor:
         return row[0]
 
     def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
         return F.interpolate(row[None].float(), size=tuple(x.shape[-2:]), mode="bilinear", align_corners=False)[0, 0]
-
-
-def _checked_maps(maps: object, layer: str | None, x: Tensor) -> Tensor:
-    """Grad-CAM must give `[N, 1, h, w]` maps (a spatial layer with one output), else InvalidField."""
-    if isinstance(maps, Tensor) and maps.dim() == 4 and maps.shape[1] == 1 and x.dim() >= 3:
-        return maps.detach()
-    where = repr(layer) if layer is not None else "the default layer"
-    got = f"maps of shape {list(maps.shape)}" if isinstance(maps, Tensor) else "several outputs"
-    raise InvalidField(
-        f"gradcam needs a layer with one spatial output [N, C, h, w] on an image input; {where} gives {got}"
-    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from enum import StrEnum
 from typing import Literal
 
@@ -34,7 +35,7 @@ class IntegratedGradientsParams(MethodParams):
 @register_method
 class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
     """Inputs go in chunks of `ig_internal_batch_size`, which also bounds each internal forward,
-    so no forward sees more examples than that."""
+    so no forward sees more examples than that. Requests with the same steps and baseline share a batch."""
 
     name = "integrated_gradients"
     params = IntegratedGradientsParams
@@ -44,12 +45,15 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
         if params.steps > settings.max_ig_steps:
             raise InvalidField(f"steps {params.steps} is over the limit of {settings.max_ig_steps} (max_ig_steps)")
 
+    def batch_key(self, params: IntegratedGradientsParams) -> Hashable:
+        return params.steps, params.baseline
+
     def attribute(
         self,
         model: nn.Module,
         x: Tensor,
         targets: list[int],
-        params: IntegratedGradientsParams,
+        params: Sequence[IntegratedGradientsParams],
         ctx: AttributionContext,
     ) -> Attributions:
         batch = ctx.settings.ig_internal_batch_size
@@ -61,7 +65,7 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
                 chunk,
                 baselines=0,
                 target=targets[start : start + batch],
-                n_steps=params.steps,
+                n_steps=params[0].steps,  # equal within a batch (batch_key)
                 internal_batch_size=batch,
                 return_convergence_delta=True,
             )

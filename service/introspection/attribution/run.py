@@ -1,8 +1,8 @@
-"""Run a registered attribution method over a batch: targets, scores, rows, heatmaps."""
+"""Run a registered attribution method over a batch (one or several requests): targets, scores, rows, heatmaps."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -10,55 +10,81 @@ from torch import Tensor, nn
 
 from service.config import Settings
 from service.introspection.attribution.base import (
+    INPUT,
     AttributionContext,
+    AttributionMethod,
     MethodParams,
     SaliencyItem,
     check,
     method_named,
 )
+from service.introspection.gradients import INPUT_KEY, layer_gradients
 from service.introspection.targets import class_scores, target_scores
 
 
-def compute_saliency(
+def attribute_batch(
     model: nn.Module,
     x: Tensor,
-    params: MethodParams,
-    targets: Sequence[int],
-    *,
+    params: Sequence[MethodParams],
+    resolve: Callable[[Tensor], list[int]],
     settings: Settings,
-    logits: Tensor | None = None,
 ) -> list[SaliencyItem]:
-    """Attribute `targets[i]` for each input row `x[i]` with `params.method`; one item per input.
+    """One item per row of `x`, with `params[i]` (one method; batch-key-equal) and the targets `resolve(logits)` picks.
 
-    `logits`: the model's output for `x` when the caller already has it (saves a forward).
-    The model is never mutated; autograd runs on a detached, grad-requiring copy of `x`.
+    The model is never mutated; autograd runs on a detached copy of `x`, or only downstream of
+    the layer a method differentiates at.
     """
-    method = method_named(params.method)
+    method: AttributionMethod[Any] = method_named(params[0].method)
     n = x.shape[0]
-    check(len(targets) == n, f"{len(targets)} targets for {n} inputs")
+    check(len(params) == n, f"{len(params)} parameter sets for {n} inputs")
     check(x.is_floating_point(), f"saliency needs a floating-point input, got {x.dtype}")
-    with torch.inference_mode(False), torch.enable_grad():
-        inputs = x.detach().clone().requires_grad_(True)
-        if logits is None:
-            with torch.no_grad():
-                logits = model(inputs)
-        logits = class_scores(logits)
+
+    def checked(logits: Tensor) -> list[int]:
+        targets = [int(t) for t in resolve(logits)]
+        check(len(targets) == n, f"{len(targets)} targets for {n} inputs")
         k = logits.shape[1]
         for t in targets:
             check(0 <= t < k, f"target index {t} is out of range: the model has {k} classes [0, {k - 1}]")
-        scores = target_scores(logits, targets).float().tolist()
-        probabilities = target_scores(logits.float().softmax(dim=1), targets).tolist()
-        target_list = [int(t) for t in targets]
-        found = method.attribute(model, inputs, target_list, params, AttributionContext(settings, logits))
-    deltas: list[Any] = found.deltas if found.deltas is not None else [None] * n
+        return targets
+
+    deltas: list[Any] = [None] * n
+    with torch.inference_mode(False):
+        source = method.graph_from(params[0], model)
+        if source is not None:
+            found = layer_gradients(
+                model, x, [] if source == INPUT else [source], checked, include_input=source == INPUT
+            )
+            keys = [INPUT_KEY] if source == INPUT else found.keys[source]
+            kept = [found.kept[key] for key in keys]
+            rows = method.from_graph(kept, [found.gradients[key] for key in keys], params[0], x).detach()
+            logits, targets = found.logits, found.targets
+        else:
+            with torch.no_grad():
+                logits = class_scores(model(x))
+            targets = checked(logits)
+            with torch.enable_grad():
+                inputs = x.detach().clone().requires_grad_(True)
+                attributions = method.attribute(model, inputs, targets, params, AttributionContext(settings, logits))
+            rows = attributions.rows.detach()
+            deltas = list(attributions.deltas) if attributions.deltas is not None else deltas
+    scores = target_scores(logits, targets).float().tolist()
+    probabilities = target_scores(logits.float().softmax(dim=1), targets).tolist()
     items = []
     for i in range(n):
-        row = found.rows[i].detach()
+        row = rows[i]
         heatmap = _minmax(method.heatmap(row, x))
         items.append(
-            SaliencyItem(target_list[i], scores[i], probabilities[i], method.attribution_row(row), heatmap, deltas[i])
+            SaliencyItem(targets[i], scores[i], probabilities[i], method.attribution_row(row), heatmap, deltas[i])
         )
     return items
+
+
+def compute_saliency(
+    model: nn.Module, x: Tensor, params: MethodParams, targets: Sequence[int], *, settings: Settings
+) -> list[SaliencyItem]:
+    """Attribute `targets[i]` for each input row `x[i]` with one request's `params`."""
+    check(len(targets) == x.shape[0], f"{len(targets)} targets for {x.shape[0]} inputs")
+    return attribute_batch(model, x, [params] * x.shape[0], lambda logits: list(targets), settings)
 
 
 def _minmax(heatmap: Tensor) -> Tensor:

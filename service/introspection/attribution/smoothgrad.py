@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -31,9 +32,10 @@ class SmoothGradParams(MethodParams):
 
 @register_method
 class SmoothGrad(AttributionMethod[SmoothGradParams]):
-    """Each input gets its own noise level `noise * (x.max() - x.min())` and the RNG seeded with `seed`,
-    so an input's map does not depend on the rest of the batch. Noisy copies go through the model in
-    chunks of `smoothgrad_batch_size`."""
+    """Each input gets its own noise level `noise * (x.max() - x.min())` and the RNG seeded with its own
+    `seed`, so an input's map does not depend on the rest of the batch, and requests with different
+    samples, noise and seeds share one batch. Noisy copies go through the model in chunks of
+    `smoothgrad_batch_size`."""
 
     name = "smoothgrad"
     params = SmoothGradParams
@@ -47,20 +49,25 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
             )
 
     def attribute(
-        self, model: nn.Module, x: Tensor, targets: list[int], params: SmoothGradParams, ctx: AttributionContext
+        self,
+        model: nn.Module,
+        x: Tensor,
+        targets: list[int],
+        params: Sequence[SmoothGradParams],
+        ctx: AttributionContext,
     ) -> Attributions:
         tunnel = NoiseTunnel(Saliency(same_dtype(model, x.dtype)))
         rows = []
-        for i, target in enumerate(targets):
+        for i, (target, own) in enumerate(zip(targets, params, strict=True)):
             row = x[i : i + 1].detach()
-            stdev = float(params.noise * (row.max() - row.min()))
+            stdev = float(own.noise * (row.max() - row.min()))
             row.requires_grad_(True)
-            with seeded(params.seed, row.device):
+            with seeded(own.seed, row.device):
                 rows.append(
                     tunnel.attribute(
                         row,
                         nt_type="smoothgrad",
-                        nt_samples=params.samples,
+                        nt_samples=own.samples,
                         nt_samples_batch_size=ctx.settings.smoothgrad_batch_size,
                         stdevs=stdev,
                         target=target,

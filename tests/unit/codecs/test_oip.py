@@ -13,7 +13,6 @@ from tritonclient.http import InferResult
 from tritonclient.utils import serialize_byte_tensor
 
 from service.codecs.oip import (
-    Datatype,
     bf16_bits_to_float32,
     decode_tensor,
     decompress,
@@ -26,6 +25,7 @@ from service.codecs.oip import (
     wire_dtype,
 )
 from service.errors import BadInput, InvalidField, TooLarge
+from service.specs.vocab import Datatype
 
 PAYLOAD = b'{"inputs": []}' * 50
 NUMERIC = [d for d in Datatype if d not in (Datatype.BYTES, Datatype.BF16)]

@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from service.codecs.oip import Datatype, float32_to_bf16_bits
+from service.codecs.oip import float32_to_bf16_bits
 from service.codecs.oip_infer import as_array, classify, decode_infer, encode_infer, flatten_outputs, tensor_batch
 from service.config import Settings
 from service.dataplane.oip import OutputPlan, plan_outputs
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
+from service.specs.vocab import Datatype
 from tests.helpers.loaded import loaded_model
 
 

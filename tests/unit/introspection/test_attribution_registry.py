@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 
 import pytest
 from torch import Tensor, nn
@@ -20,7 +21,13 @@ from service.schemas.attribution import SaliencyCommon
 
 
 def test_the_methods_in_their_listed_order() -> None:
-    assert list(registered_methods()) == ["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"]
+    assert list(registered_methods()) == [
+        "gradient",
+        "input_x_gradient",
+        "smoothgrad",
+        "integrated_gradients",
+        "gradcam",
+    ]
 
 
 @pytest.mark.parametrize("name", list(registered_methods()))
@@ -44,7 +51,12 @@ def test_a_name_registered_twice_is_refused() -> None:
         title = "again"
 
         def attribute(
-            self, model: nn.Module, x: Tensor, targets: list[int], params: MethodParams, ctx: AttributionContext
+            self,
+            model: nn.Module,
+            x: Tensor,
+            targets: list[int],
+            params: Sequence[MethodParams],
+            ctx: AttributionContext,
         ) -> Attributions:
             return Attributions(x)
 

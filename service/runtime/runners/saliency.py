@@ -1,0 +1,58 @@
+"""Attribution maps of several requests of one method in one batch: each row with its own target and parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from service.config import Settings
+from service.introspection.attribution import MethodParams, SaliencyItem, method_named
+from service.introspection.attribution.run import attribute_batch
+from service.introspection.targets import TargetSpec, resolve_targets
+from service.registry.loaded import LoadedModel
+from service.runtime.batching import foreign_shape_errors, to_device
+from service.runtime.runners.base import Runner, concatenated, offsets
+
+
+@dataclass(frozen=True)
+class SaliencyRequest:
+    params: MethodParams
+    target: TargetSpec
+
+
+class SaliencyRunner(Runner[SaliencyRequest]):
+    """Requests share a batch when their method and its batch key agree (Grad-CAM's layer, IG's steps)."""
+
+    name = "saliency"
+    hooked = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def key(self, request: SaliencyRequest) -> Hashable:
+        method = method_named(request.params.method)
+        return method.name, method.batch_key(request.params)
+
+    def run(self, model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[SaliencyRequest]) -> list[Any]:
+        bounds = offsets(inputs)
+
+        def resolve(logits: torch.Tensor) -> list[int]:
+            targets: list[int] = []
+            for request, (start, stop) in zip(requests, bounds, strict=True):
+                targets += resolve_targets(request.target, logits[start:stop], model.labels)
+            return targets
+
+        x = to_device(concatenated(inputs), model)
+        params = [
+            request.params for request, (start, stop) in zip(requests, bounds, strict=True) for _ in range(start, stop)
+        ]
+        with foreign_shape_errors(model, x):
+            items = attribute_batch(model.module, x, params, resolve, self.settings)
+        on_cpu = [
+            SaliencyItem(i.target, i.score, i.probability, i.attribution.cpu(), i.heatmap.cpu(), i.convergence_delta)
+            for i in items
+        ]
+        return [on_cpu[start:stop] for start, stop in bounds]

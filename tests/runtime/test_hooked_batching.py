@@ -1,0 +1,309 @@
+"""Concurrent hooked requests share one forward; each answer equals the same request run alone.
+
+A long `max_batch_delay_ms` and requests sent together make the batching deterministic: a
+forming batch waits for the requests still being decoded, and flushes once none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI
+from torch import Tensor
+
+from service.config import Settings
+from service.introspection.attribution import compute_saliency, method_named
+from service.introspection.gradients import compute_gradients
+from service.main import create_app
+from service.runtime.executor import ModelExecutor
+from tests.conftest import as_tensor, direct_capture, tensor_input
+from tests.helpers.compare import assert_batched_close
+
+TOY_PY = '''
+import torch
+from torch import nn
+
+class Toy(nn.Module):
+    """conv -> shared relu -> conv -> shared relu -> pool -> fc; records the batch size of every forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(24, 5)
+        self.unused = nn.Linear(5, 5)
+        self.sizes = []
+        self.grad_at_conv2 = []
+
+    def forward(self, x):
+        self.sizes.append(int(x.shape[0]))
+        y = self.relu(self.conv1(x))
+        self.grad_at_conv2.append(torch.is_grad_enabled())
+        y = self.relu(self.conv2(y))
+        return self.fc(torch.flatten(self.pool(y), 1))
+'''
+
+CONFIG = """
+[[models]]
+name = "toy"
+source = "python"
+architecture = "toy.py:Toy"
+input_size = [3, 8, 8]
+max_batch_delay_ms = 10000
+max_batch_size = 64
+{extra}
+"""
+
+
+@asynccontextmanager
+async def serve(model_dir: Path, extra: str = "") -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    (model_dir / "toy.py").write_text(TOY_PY)
+    (model_dir / "models.toml").write_text(CONFIG.format(extra=extra))
+    settings = Settings(model_dir=model_dir, config=model_dir / "models.toml", worker_threads=2, decode_threads=2)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while (await client.get("/models/toy")).json()["status"] == "loading":
+                assert time.monotonic() < deadline, "model still loading"
+                await asyncio.sleep(0.02)
+            yield app, client
+
+
+def toy(app: FastAPI) -> Any:
+    """The served Toy (Any: its recording lists are plain attributes)."""
+    return app.state.hookserve.fleet.ready("toy").model.module
+
+
+def executor(app: FastAPI) -> ModelExecutor:
+    found: ModelExecutor = app.state.hookserve.fleet.ready("toy").executor
+    return found
+
+
+def inputs(seed: int, n: int = 1, side: int = 8) -> Tensor:
+    return torch.randn(n, 3, side, side, generator=torch.Generator().manual_seed(seed))
+
+
+async def post_all(client: httpx.AsyncClient, path: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    return await asyncio.gather(*(client.post(path, json={"model": "toy", **b}) for b in bodies))
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+CAPTURES: list[tuple[list[str], str, str | None]] = [
+    (["conv1"], "output", None),
+    (["relu"], "both", None),  # the shared relu: relu and relu#2
+    (["conv2", "fc"], "input", None),
+    (["conv1", "conv2"], "output", "mean"),
+    ([""], "output", None),
+    (["pool", "relu"], "both", "flatten"),
+]
+
+
+def test_activations_of_concurrent_requests_share_a_forward_and_equal_their_own(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            model.sizes.clear()
+            bodies, wants = [], []
+            for i, (layers, capture, reduce) in enumerate(CAPTURES):
+                x = inputs(i, n=1 + i % 2)
+                bodies.append(
+                    {"inputs": [tensor_input(t) for t in x], "layers": layers, "capture": capture, "reduce": reduce}
+                )
+                want = direct_capture(model, layers, x, capture)
+                if reduce is not None:
+                    want = {k: {s: _reduce(t, reduce) for s, t in v.items()} for k, v in want.items()}
+                wants.append(want)
+            responses = await post_all(client, "/activations", bodies)
+            for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
+                assert response.status_code == 200, response.text
+                got = response.json()["activations"]
+                assert list(got) == list(want), i  # its own layers and calls, in forward order
+                for key, sides in want.items():
+                    assert sorted(got[key]) == sorted(sides), (i, key)
+                    for side, tensor in sides.items():
+                        assert_batched_close(as_tensor(got[key][side]), tensor, f"request {i} {key}:{side}")
+            assert max(model.sizes) == sum(1 + i % 2 for i in range(len(CAPTURES)))
+            assert (await client.get("/models/toy")).json()["hooks"] == 0
+
+    run(scenario())
+
+
+def _reduce(t: Tensor, how: str) -> Tensor:
+    if how == "flatten":
+        return t.reshape(t.shape[0], -1)
+    return t.mean(dim=tuple(range(2, t.ndim))) if t.ndim > 2 else t
+
+
+def test_inputs_of_other_sizes_are_never_merged(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            model.sizes.clear()
+            small, large = inputs(1, n=2), inputs(2, n=3, side=12)
+            bodies = [
+                {"inputs": [tensor_input(t) for t in small], "layers": ["conv1"]},
+                {"inputs": [tensor_input(t) for t in large], "layers": ["conv1"]},
+            ]
+            responses = await post_all(client, "/activations", bodies)
+            assert [r.status_code for r in responses] == [200, 200]
+            assert sorted(model.sizes) == [2, 3]
+            got = as_tensor(responses[1].json()["activations"]["conv1"]["output"])
+            assert_batched_close(got, direct_capture(model, ["conv1"], large)["conv1"]["output"])
+
+    run(scenario())
+
+
+def test_gradients_of_concurrent_requests_each_with_its_own_targets(tmp_path: Path) -> None:
+    cases: list[tuple[list[str], Any, bool]] = [
+        (["conv2"], None, False),
+        (["conv1", "relu"], 3, True),
+        ([], [0, 4], True),
+        (["fc"], 1, False),
+    ]
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            model.sizes.clear()
+            bodies, wants = [], []
+            for i, (layers, target, include_input) in enumerate(cases):
+                x = inputs(10 + i, n=2)
+                body = {"inputs": [tensor_input(t) for t in x], "layers": layers, "include_input": include_input}
+                bodies.append(body | {"target": target})
+                wants.append(
+                    compute_gradients(model, x, layers, target=target, labels=None, include_input=include_input)
+                )
+            responses = await post_all(client, "/gradients", bodies)
+            assert max(model.sizes) == 8  # all four shared one forward
+            for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
+                assert response.status_code == 200, response.text
+                out = response.json()
+                assert out["targets"] == want.targets, i
+                assert list(out["gradients"]) == list(want.gradients), i
+                for key, value in want.gradients.items():
+                    assert_batched_close(as_tensor(out["gradients"][key]), value, f"request {i} {key}")
+
+    run(scenario())
+
+
+SALIENCY: list[dict[str, Any]] = [
+    {"method": "gradient", "target": 1},
+    {"method": "gradient", "target": None},
+    {"method": "input_x_gradient", "target": [2, 0]},
+    {"method": "gradcam", "target": 3},
+    {"method": "gradcam", "target": None, "layer": "conv1"},
+    {"method": "smoothgrad", "target": 1, "samples": 4, "seed": 1},
+    {"method": "smoothgrad", "target": 2, "samples": 6, "seed": 9, "noise": 0.3},
+    {"method": "integrated_gradients", "target": 4, "steps": 8},
+    {"method": "integrated_gradients", "target": 0, "steps": 8},
+]
+
+
+def test_saliency_of_concurrent_requests_equals_each_alone(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            settings = app.state.hookserve.settings
+            bodies, wants = [], []
+            for i, request in enumerate(SALIENCY):
+                x = inputs(20 + i, n=2)
+                bodies.append({"inputs": [tensor_input(t) for t in x], **request})
+                params = method_named(request["method"]).params.model_validate(
+                    {k: v for k, v in request.items() if k != "target"}
+                )
+                with torch.no_grad():
+                    top = model(x).argmax(1).tolist()
+                target = request["target"]
+                targets = top if target is None else target if isinstance(target, list) else [target] * 2
+                wants.append(compute_saliency(model, x, params, targets, settings=settings))
+            before = executor(app).stats.hooked_batches
+            responses = await post_all(client, "/saliency", bodies)
+            batches = executor(app).stats.hooked_batches - before
+            assert batches < len(SALIENCY)  # like requests shared batches
+            for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
+                assert response.status_code == 200, response.text
+                results = response.json()["results"]
+                assert [r["target"] for r in results] == [w.target for w in want], i
+                for got, item in zip(results, want, strict=True):
+                    assert_batched_close(as_tensor(got["attribution"]), item.attribution, f"request {i} attribution")
+                    assert_batched_close(as_tensor(got["heatmap"]), item.heatmap, f"request {i} heatmap")
+            assert (await client.get("/models/toy")).json()["hooks"] == 0
+
+    run(scenario())
+
+
+def test_invalid_requests_are_refused_before_joining_and_failures_stay_their_own(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path) as (_app, client):
+            x = inputs(30, n=1)
+            good = {"inputs": [tensor_input(x[0])], "layers": ["conv1"]}
+            bodies = [
+                good,
+                {"inputs": [tensor_input(x[0])], "layers": ["conv9"]},  # unknown: 422 before any batch
+                {"inputs": [tensor_input(x[0])], "layers": ["unused"]},  # never runs: fails inside the batch
+                {"inputs": [tensor_input(x[0])], "layers": ["conv1"], "target": 7},  # 5 classes: 422 up front
+                good,
+            ]
+            responses = await post_all(client, "/gradients", bodies)
+            assert [r.status_code for r in responses] == [200, 422, 422, 422, 200]
+            assert "conv9" in responses[1].text
+            assert "'unused' produced no differentiable tensor" in responses[2].text
+            assert "out of range" in responses[3].text
+            assert responses[0].json()["gradients"].keys() == responses[4].json()["gradients"].keys()
+            assert (await client.get("/models/toy")).json()["hooks"] == 0
+
+    run(scenario())
+
+
+def test_a_model_may_opt_out_of_batched_introspection(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serve(tmp_path, "batch_introspection = false") as (app, client):
+            model = toy(app)
+            model.sizes.clear()
+            bodies = [{"inputs": [tensor_input(t) for t in inputs(40 + i, n=2)], "layers": ["conv1"]} for i in range(4)]
+            responses = await post_all(client, "/activations", bodies)
+            assert [r.status_code for r in responses] == [200] * 4
+            assert model.sizes == [2, 2, 2, 2]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "graph_before_conv2"),
+    [
+        ("/saliency", {"method": "gradcam", "layer": "conv2"}, False),
+        ("/gradients", {"layers": ["conv2"], "include_input": False}, False),
+        ("/gradients", {"layers": ["conv2"], "include_input": True}, True),
+        ("/saliency", {"method": "gradient"}, True),
+    ],
+)
+def test_autograd_starts_where_the_first_gradient_is_asked_for(
+    tmp_path: Path, path: str, body: dict[str, Any], graph_before_conv2: bool
+) -> None:
+    """Grad-CAM and layer gradients run the forward without autograd up to their layer; input gradients need it all."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            model.grad_at_conv2.clear()
+            response = await client.post(path, json={"model": "toy", "inputs": [tensor_input(inputs(50)[0])], **body})
+            assert response.status_code == 200, response.text
+            assert model.grad_at_conv2 == [graph_before_conv2]
+
+    run(scenario())

@@ -1,0 +1,173 @@
+"""The scheduler's order: oldest startable job first, no overtaking of a conflicting older job, batches of like jobs."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Hashable
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from service.errors import Unavailable
+from service.runtime.scheduler import Access, Batch, Job, Scheduler
+
+FAST, SHARED, EXCLUSIVE, READ = Access.FAST, Access.EAGER_SHARED, Access.EAGER_EXCLUSIVE, Access.READ
+_ids = itertools.count()
+
+
+def job(access: Access, key: Hashable | None = None, size: int = 1, kind: str = "k") -> Job:
+    return Job(Future(), access, key, size, kind, payload=next(_ids))
+
+
+def scheduler(max_jobs: int = 100, max_batch: int = 8, delay_s: float = 0.0) -> Scheduler:
+    return Scheduler(max_jobs, max_batch, delay_s)
+
+
+def take(s: Scheduler) -> Batch | None:
+    return s.take(block=False)
+
+
+def ids(batch: Batch | None) -> list[Any]:
+    assert batch is not None
+    return [j.payload for j in batch.jobs]
+
+
+def test_like_access_runs_in_arrival_order() -> None:
+    s = scheduler()
+    jobs = [job(EXCLUSIVE) for _ in range(3)]
+    for j in jobs:
+        s.put(j)
+    for j in jobs:
+        batch = take(s)
+        assert ids(batch) == [j.payload]
+        assert take(s) is None  # the eager module is held until done
+        assert batch is not None
+        s.done(batch)
+
+
+def test_predictions_on_the_fast_path_pass_a_running_hooked_batch() -> None:
+    s = scheduler()
+    hooked, later_hooked, prediction = job(EXCLUSIVE), job(EXCLUSIVE), job(FAST, key="p")
+    for j in (hooked, later_hooked, prediction):
+        s.put(j)
+    first = take(s)
+    assert ids(first) == [hooked.payload]
+    assert ids(take(s)) == [prediction.payload]  # no conflict: it does not wait for the hooked jobs
+    assert take(s) is None  # the second hooked job waits for the first
+    assert first is not None
+    s.done(first)
+    assert ids(take(s)) == [later_hooked.payload]
+
+
+def test_shared_predictions_do_not_overtake_an_older_hooked_job() -> None:
+    """Phase-fair: a prediction that arrives after a waiting hooked job waits for it."""
+    s = scheduler()
+    reader, writer, late_reader = job(SHARED, key="p"), job(EXCLUSIVE), job(SHARED, key="q")
+    s.put(reader)
+    running = take(s)
+    assert ids(running) == [reader.payload]
+    s.put(writer)
+    s.put(late_reader)
+    assert take(s) is None  # the writer waits for the reader; the late reader may not pass the writer
+    assert running is not None
+    s.done(running)
+    hooked = take(s)
+    assert ids(hooked) == [writer.payload]
+    assert take(s) is None
+    assert hooked is not None
+    s.done(hooked)
+    assert ids(take(s)) == [late_reader.payload]
+
+
+def test_reads_never_wait() -> None:
+    s = scheduler()
+    s.put(job(EXCLUSIVE))
+    s.put(job(EXCLUSIVE))
+    s.put(read := job(READ))
+    assert take(s) is not None
+    assert ids(take(s)) == [read.payload]
+
+
+def test_like_jobs_share_a_batch_up_to_its_size_others_do_not() -> None:
+    s = scheduler(max_batch=4)
+    a = [job(FAST, key="a", size=1) for _ in range(3)]
+    b = job(FAST, key="b")
+    big = job(FAST, key="a", size=2)
+    alone = job(EXCLUSIVE, key=None)
+    for j in (a[0], b, a[1], big, a[2], alone):
+        s.put(j)
+    assert ids(take(s)) == [a[0].payload, a[1].payload, big.payload]  # 4 samples: a[2] would overflow
+    assert ids(take(s)) == [b.payload]
+    assert ids(take(s)) == [a[2].payload]
+    assert ids(take(s)) == [alone.payload]  # key None: never batched
+
+
+def test_a_forming_batch_waits_for_its_kind_being_decoded_only() -> None:
+    s = scheduler(delay_s=30.0)
+    first = job(FAST, key="a", kind="predict")
+    s.put(first)
+    s.announce("activations")  # another kind being decoded: no reason to wait
+    assert ids(take(s)) == [first.payload]
+    s.announce("predict")
+    second, third = job(FAST, key="a", kind="predict"), job(FAST, key="a", kind="predict")
+    s.put(second)
+    got: list[Batch | None] = []
+    taker = threading.Thread(target=lambda: got.append(s.take()))
+    taker.start()
+    s.put(third)
+    s.withdraw("predict")  # the announced request is queued: the batch need not wait any longer
+    taker.join(timeout=20)
+    assert not taker.is_alive()
+    assert ids(got[0]) == [second.payload, third.payload]
+
+
+def test_cancelled_jobs_never_run() -> None:
+    s = scheduler()
+    gone, kept = job(EXCLUSIVE), job(EXCLUSIVE)
+    s.put(gone)
+    s.put(kept)
+    assert gone.future.cancel()
+    assert ids(take(s)) == [kept.payload]
+    assert len(s) == 0
+
+
+def test_a_full_queue_and_a_closed_one_refuse() -> None:
+    s = scheduler(max_jobs=2)
+    s.put(job(READ))
+    s.put(job(READ))
+    with pytest.raises(Unavailable, match="queue full"):
+        s.put(job(READ))
+    s.close()
+    with pytest.raises(Unavailable, match="shutting down"):
+        s.put(job(READ))
+    assert take(s) is not None
+    assert take(s) is not None
+    assert s.take() is None  # closed and drained: the workers stop
+
+
+@pytest.mark.parametrize("predictions", [FAST, SHARED])
+def test_no_kind_starves_under_a_constant_stream_of_both(predictions: Access) -> None:
+    """Two workers; every step a prediction and a hooked job arrive. Every job runs, and no job is
+    overtaken by more than the jobs that were running or batched with an older one when it came."""
+    s = scheduler(max_jobs=10_000, max_batch=4)
+    arrival: dict[int, int] = {}
+    served: list[int] = []
+    running: list[Batch] = []
+    clock = itertools.count()
+    for step in range(400):
+        if step < 300:
+            for access, key in ((predictions, "p"), (EXCLUSIVE, "h")):
+                j = job(access, key=key)
+                arrival[j.payload] = next(clock)
+                s.put(j)
+        while len(running) < 2 and (batch := take(s)) is not None:
+            running.append(batch)
+            served += ids(batch)
+        if running:
+            s.done(running.pop(0))  # the oldest running batch finishes
+    assert sorted(served) == sorted(arrival)  # everything ran
+    rank = {payload: i for i, payload in enumerate(sorted(arrival, key=arrival.__getitem__))}
+    lateness = [i - rank[payload] for i, payload in enumerate(served)]
+    assert max(lateness) <= 16  # served a few batches late at worst, not later as the stream goes on
