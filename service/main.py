@@ -18,6 +18,7 @@ from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import job_observer, removal_observer
 from service.api.observability import install_observability
 from service.api.openapi import install_openapi
+from service.api.routes import docs, ui
 from service.api.state import AppState
 from service.config import Settings
 from service.registry.builtin import ZOO_DIR, builtin_specs
@@ -31,6 +32,8 @@ DESCRIPTION = """\
 Inference **and** introspection for PyTorch models over HTTP: predictions with dynamic
 batching, per-layer activations from request-scoped hooks, gradients and saliency maps
 (Captum), torchinfo summaries, state-dict, optimizer and checkpoint metadata.
+
+[The inspector](/ui) shows all of it on one page; [ReDoc](/redoc) renders this schema too.
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
@@ -68,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from routes.docs, with assets served locally
+        redoc_url=None,
         openapi_tags=[
             {"name": "health"},
             {"name": "models", "description": "The registry and what each model is."},
@@ -86,6 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         introspect.router,
         checkpoints.router,
         v2.router,
+        docs.router,
+        ui.router,
     ):
         app.include_router(router)
     app.add_middleware(
