@@ -1,0 +1,126 @@
+"""Fixtures for the browser tests: one live server, one headless Chromium per session, a watched page per test.
+
+Each page records console errors, uncaught exceptions and every request; at teardown a test fails
+on any console error it did not expect and on any request that left the loopback interface.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.browser.chromium import INSTALL_HINT, browser_required, chromium_path
+from tests.reliability.live_server import REPO_ROOT, LiveServer
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, ViewportSize
+
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "browser"
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+LOCAL_SCHEMES = {"data", "blob", "about"}
+WIDTH, HEIGHT = 1280, 900
+
+
+@dataclass
+class Watch:
+    """What one page did: console errors, page errors, and the URLs it requested."""
+
+    page: Page
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    allowed: list[re.Pattern[str]] = field(default_factory=list)
+
+    def allow(self, pattern: str) -> None:
+        """A console error this test expects (e.g. Chromium's line about an API answer it provoked)."""
+        self.allowed.append(re.compile(pattern))
+
+    def unexpected_errors(self) -> list[str]:
+        errors = [m for m in self.console_errors if not any(p.search(m) for p in self.allowed)]
+        return errors + self.page_errors
+
+    def external_requests(self) -> list[str]:
+        return [url for url in self.requests if not is_local(url)]
+
+    def screenshot(self, name: str, *, full_page: bool = True) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=full_page)
+        return path
+
+
+def is_local(url: str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme in LOCAL_SCHEMES:
+        return True
+    return (parts.hostname or "") in LOOPBACK or (parts.hostname or "").startswith("127.")
+
+
+@pytest.fixture(scope="session")
+def chromium_executable() -> str:
+    path = chromium_path()
+    if path is None:
+        if browser_required():
+            pytest.fail(INSTALL_HINT.replace("; the browser tests are skipped", ""))
+        pytest.skip(INSTALL_HINT)
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        if browser_required():
+            pytest.fail("playwright is not installed: pip install -e '.[dev]'")
+        pytest.skip("playwright is not installed: pip install -e '.[dev]'; the browser tests are skipped")
+    return path
+
+
+@pytest.fixture(scope="session")
+def playwright_instance(chromium_executable: str) -> Iterator[Playwright]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as instance:
+        yield instance
+
+
+@pytest.fixture(scope="session")
+def browser(playwright_instance: Playwright, chromium_executable: str) -> Iterator[Browser]:
+    """One headless Chromium for the whole session (the distribution's binary)."""
+    launched = playwright_instance.chromium.launch(executable_path=chromium_executable, headless=True)
+    yield launched
+    launched.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, chromium_executable: str) -> Iterator[LiveServer]:
+    """`python -m service` over the built-in registry (lenet, resnet18, efficientvit_b0) on loopback."""
+    with LiveServer(tmp_path_factory.mktemp("browser-models"), None) as live:
+        yield live
+
+
+@pytest.fixture
+def watch(browser: Browser, server: LiveServer) -> Iterator[Watch]:
+    """A fresh page (own context: no shared storage) whose errors and requests are checked at teardown."""
+    viewport: ViewportSize = {"width": WIDTH, "height": HEIGHT}
+    context = browser.new_context(viewport=viewport, base_url=server.base_url)
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    watched = Watch(page)
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            watched.console_errors.append(f"{message.text} ({message.location.get('url', '')})")
+
+    def on_request(request: Request) -> None:
+        watched.requests.append(request.url)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: watched.page_errors.append(f"uncaught: {error}"))
+    page.on("request", on_request)
+    yield watched
+    context.close()
+    assert not watched.external_requests(), f"requests left the machine: {watched.external_requests()}"
+    assert not watched.unexpected_errors(), f"console errors: {watched.unexpected_errors()}\n{server.log()}"
