@@ -19,12 +19,13 @@ from tests.browser.chromium import INSTALL_HINT, browser_required, chromium_path
 from tests.reliability.live_server import REPO_ROOT, LiveServer
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, Request, ViewportSize
+    from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, Playwright, Request, ViewportSize
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts" / "browser"
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 LOCAL_SCHEMES = {"data", "blob", "about"}
 WIDTH, HEIGHT = 1280, 900
+ADMIN_TOKEN = "browser-tests"
 
 
 @dataclass
@@ -48,10 +49,14 @@ class Watch:
     def external_requests(self) -> list[str]:
         return [url for url in self.requests if not is_local(url)]
 
-    def screenshot(self, name: str, *, full_page: bool = True) -> Path:
+    def screenshot(self, name: str, *, full_page: bool = True, element: Locator | None = None) -> Path:
+        """Save the page (or one element of it) under tests/artifacts/browser/ for a person to look at."""
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=full_page)
+        if element is not None:
+            element.screenshot(path=str(path))
+        else:
+            self.page.screenshot(path=str(path), full_page=full_page)
         return path
 
 
@@ -97,7 +102,8 @@ def browser(playwright_instance: Playwright, chromium_executable: str) -> Iterat
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, chromium_executable: str) -> Iterator[LiveServer]:
     """`python -m service` over the built-in registry (lenet, resnet18, efficientvit_b0) on loopback."""
-    with LiveServer(tmp_path_factory.mktemp("browser-models"), None) as live:
+    env = {"HOOKSERVE_ADMIN_TOKEN": ADMIN_TOKEN}
+    with LiveServer(tmp_path_factory.mktemp("browser-models"), None, env=env) as live:
         yield live
 
 

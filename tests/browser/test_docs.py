@@ -48,7 +48,7 @@ def test_try_it_out_on_lenet_returns_200(watch: Watch, server: LiveServer) -> No
     status.wait_for()
     assert status.inner_text().strip() == "200"
     assert '"name": "lenet"' in block.locator(".live-responses-table .microlight").first.inner_text()
-    watch.screenshot("docs-try-it-out")
+    watch.screenshot("docs-try-it-out", element=block)
 
 
 def test_redoc_renders_every_operation_offline(watch: Watch, server: LiveServer) -> None:

@@ -60,7 +60,7 @@ export function renderStateDict(box, model, data) {
       el("td", { text: e.kind }),
       el("td", { text: formatShape(e.shape) }),
       el("td", { text: e.dtype }),
-      ...["min", "max", "mean", "std", "norm"].map((k) => el("td", { class: "num", text: formatNumber(e[k]) })),
+      ...["min", "max", "mean", "std", "norm"].map((k) => el("td", { class: "num", text: formatNumber(e[k], 3) })),
       el("td", { class: `num${e.nan_count ? " flag" : ""}`, text: formatNumber(e.nan_count ?? 0) }),
       el("td", { class: `num${e.inf_count ? " flag" : ""}`, text: formatNumber(e.inf_count ?? 0) }),
     );

@@ -113,7 +113,8 @@ export class SaliencyPane {
       const errorId = `${id}-error`;
       const input = inputFor(field, id, errorId);
       const error = el("p", { class: "error", id: errorId, role: "alert", hidden: true });
-      const help = el("span", { class: "help", id: `${id}-help`, text: field.description });
+      const text = field.description.replace(new RegExp(`^${method.name}:\\s*`), "");
+      const help = el("span", { class: "help", id: `${id}-help`, text });
       const box = el(
         "div",
         { class: `field field-${field.kind}` },
@@ -132,25 +133,35 @@ export class SaliencyPane {
     for (const f of this.fields) clearError(f.error);
   }
 
-  /** Put an API error next to the field it names (pydantic's loc, or the field's name in the text). */
+  /** The slot for a field name the API mentions: its field, the target picker, else the method picker. */
+  slotFor(name) {
+    if (name === "target") return this.app.targetError;
+    const found = this.fields.find((f) => f.field.name === name);
+    return found ? found.error : this.methodError;
+  }
+
+  /** Put each part of an API error next to the control it names (pydantic's loc, or a field named in the text). */
   placeError(error) {
     const detail = error.detail;
-    let name = null;
     if (Array.isArray(detail)) {
-      const locs = detail.flatMap((d) => (d && Array.isArray(d.loc) ? d.loc.map(String) : []));
-      name = locs.find((part) => part === "target" || this.fields.some((f) => f.field.name === part)) || null;
-    } else if (typeof detail === "string") {
+      const bySlot = new Map();
+      for (const item of detail) {
+        const loc = item && Array.isArray(item.loc) ? item.loc.map(String) : [];
+        const name = loc.find((part) => part === "target" || part === "method" || this.fields.some((f) => f.field.name === part));
+        const slot = this.slotFor(name);
+        bySlot.set(slot, [...(bySlot.get(slot) || []), item]);
+      }
+      for (const [slot, items] of bySlot) showError(slot, { status: error.status, detail: items });
+      return;
+    }
+    let name = null;
+    if (typeof detail === "string") {
       const words = detail.toLowerCase();
       const byField = this.fields.find((f) => new RegExp(`(^|[^a-z_])${f.field.name}([^a-z_]|$)`).test(words));
       if (byField) name = byField.field.name;
       else if (/^(unknown )?target\b|\btarget (index|label)\b/.test(words)) name = "target";
     }
-    if (name === "target") {
-      showError(this.app.targetError, error);
-      return;
-    }
-    const found = this.fields.find((f) => f.field.name === name);
-    showError(found ? found.error : this.methodError, error);
+    showError(this.slotFor(name), error);
   }
 
   async run() {
