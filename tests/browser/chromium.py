@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
 
 INSTALL_HINT = (
     "Chromium not found: apt-get install -y --no-install-recommends chromium "
-    "(or set HOOKSERVE_CHROMIUM to a Chromium binary); the browser tests are skipped"
+    "(or set HOOKSERVE_CHROMIUM to a Chromium binary)"
 )
+PLAYWRIGHT_HINT = "playwright is not installed: pip install -e '.[dev]'"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 REQUIRE_ENV = "HOOKSERVE_REQUIRE_BROWSER"
 
@@ -25,6 +27,13 @@ def chromium_path() -> str | None:
             return found
     debian = Path("/usr/lib/chromium/chromium")
     return str(debian) if debian.is_file() else None
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here (how to fix it), or None when they can."""
+    if importlib.util.find_spec("playwright") is None:
+        return PLAYWRIGHT_HINT
+    return INSTALL_HINT if chromium_path() is None else None
 
 
 def browser_required() -> bool:

@@ -6,9 +6,11 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
+from PIL import Image
 
 from service.codecs.colormap import INFERNO
 from service.ui import STATIC_DIR
+from tests.reliability.live_server import REPO_ROOT
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["'](?:https?:)?//""", re.IGNORECASE)
 
@@ -84,3 +86,13 @@ def test_samples_are_listed_for_the_zoo_lenet_only(builtin_client: TestClient) -
 def test_the_ui_routes_stay_out_of_the_schema(builtin_client: TestClient) -> None:
     paths = builtin_client.get("/openapi.json").json()["paths"]
     assert not [p for p in paths if p in ("/", "/docs", "/redoc") or p.startswith(("/ui", "/docs-assets"))]
+
+
+def test_the_readme_shows_the_suites_picture_of_the_page() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "](docs/inspector.png)" in readme
+    picture = REPO_ROOT / "docs" / "inspector.png"
+    assert picture.read_bytes().startswith(b"\x89PNG")
+    assert picture.stat().st_size < 200_000, "keep the README picture small (256 colours, 960 px wide)"
+    with Image.open(picture) as image:
+        assert image.width == 960
