@@ -102,6 +102,10 @@ def test_conv1_shows_a_non_blank_grid_and_enlarges_a_channel(watch: Watch) -> No
     assert image_stats(page, "#channel-canvas")["std"] > 10
     assert query(page)["layer"] == "conv1"
     watch.screenshot("lenet-conv1-grid")
+    page.click('#tree-body .tree-row[data-layer=""] .toggle')  # collapse the model: only its row stays
+    assert page.locator("#tree-body .tree-row").count() == 1
+    page.click('#tree-body .tree-row[data-layer=""] .toggle')
+    assert page.locator("#tree-body .tree-row").count() == 8
 
 
 def test_switching_saliency_methods_changes_the_overlay(watch: Watch, server: LiveServer) -> None:

@@ -166,7 +166,7 @@ class Inspector {
     }
     const filter = $("#filter").value.trim();
     if (filter) this.applyFilter(filter);
-    if (layerName !== null && layerName !== undefined && this.tree.has(layerName)) this.selectLayer(layerName, false);
+    if (layerName !== null && layerName !== undefined && this.tree.has(layerName)) this.tree.select(layerName);
     else this.clearLayer();
     this.runAll();
   }
@@ -352,14 +352,15 @@ class Inspector {
 
   // ---- prediction and targets --------------------------------------------------------------
 
+  /** Everything that depends on the model and the image: preview, layer view, prediction, both panes. */
   runAll() {
     this.drawPreview();
+    if (this.tree.selected !== null) this.selectLayer(this.tree.selected, false);
     if (!this.input) {
       for (const pane of this.panes) pane.clear();
       return;
     }
     this.predict();
-    if (this.tree.selected !== null) this.selectLayer(this.tree.selected, false);
     for (const pane of this.panes) pane.run();
   }
 
@@ -376,6 +377,7 @@ class Inspector {
     clearError($("#predict-error"));
     clearError($("#input-error"));
     const topK = Number($("#topk").value) || 5;
+    $("#predict-hint").hidden = true;
     try {
       const answer = await this.busy.predict.run(() =>
         postJSON("predict", { model: this.model, inputs: [{ image: this.input.b64 }], top_k: topK }, signal),

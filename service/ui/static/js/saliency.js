@@ -202,6 +202,7 @@ export class SaliencyPane {
       this.root.dataset.resultMethod = this.method;
     } catch (error) {
       if (isAbort(error)) return;
+      this.blank("");
       this.root.dataset.state = "error";
       if (error.status) this.placeError(error);
       else showError(this.methodError, error);
@@ -211,11 +212,15 @@ export class SaliencyPane {
   clear() {
     this.slot.cancel();
     this.root.dataset.state = "";
+    this.blank("Give an image to see where the model looks.");
+  }
+
+  blank(caption) {
     for (const canvas of [this.base, this.heat]) {
       canvas.width = 1;
       canvas.height = 1;
     }
-    this.stack.setAttribute("aria-label", "No heatmap yet");
-    this.caption.textContent = "Give an image to see where the model looks.";
+    this.stack.setAttribute("aria-label", "No heatmap");
+    this.caption.textContent = caption;
   }
 }
