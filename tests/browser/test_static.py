@@ -96,3 +96,11 @@ def test_the_readme_shows_the_suites_picture_of_the_page() -> None:
     assert picture.stat().st_size < 200_000, "keep the README picture small (256 colours, 960 px wide)"
     with Image.open(picture) as image:
         assert image.width == 960
+
+
+@pytest.mark.parametrize("path", ["/", "/ui"])
+def test_the_pages_may_only_reach_this_server(builtin_client: TestClient, path: str) -> None:
+    policy = builtin_client.get(path).headers["content-security-policy"]
+    assert "default-src 'self'" in policy
+    assert "connect-src 'self'" in policy
+    assert "script-src 'self';" in policy

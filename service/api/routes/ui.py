@@ -22,18 +22,24 @@ ZOO_LENET = "service.zoo.lenet:LeNet"  # the architecture the shipped sample dig
 _static = StaticFiles(directory=STATIC_DIR)
 _samples = StaticFiles(directory=samples_dir())
 AssetPath = Annotated[str, Path(description="A file under the page's static folder.")]
+# The page may talk to this server only: no script, style, image or request from anywhere else.
+CSP = (
+    "default-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data: blob:; "
+    "style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'self'; frame-ancestors 'self'"
+)
+PAGE_HEADERS = {"Cache-Control": "no-cache", "Content-Security-Policy": CSP}
 
 
 @router.get("/")
 async def home() -> FileResponse:
     """A small landing page: the inspector, the OpenAPI pages, health and metrics."""
-    return FileResponse(STATIC_DIR / "home.html", media_type="text/html")
+    return FileResponse(STATIC_DIR / "home.html", media_type="text/html", headers=PAGE_HEADERS)
 
 
 @router.get("/ui")
 async def inspector() -> FileResponse:
     """The inspector: one HTML page whose scripts call the public API."""
-    return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=PAGE_HEADERS)
 
 
 @router.get("/ui/static/{path:path}")
