@@ -23,7 +23,7 @@ async function decode(bytes, type) {
   }
 }
 
-/** `{name, bytes, b64, element}` for raw image bytes; throws when the browser cannot decode them. */
+/** `{name, bytes, b64, element, source}` for raw image bytes; `element` is null when the browser cannot decode them. */
 export async function makeInput(name, bytes, type, source) {
   let element = null;
   try {

@@ -27,6 +27,7 @@ class Inspector {
     this.info = null;
     this.input = null;
     this.predictions = null;
+    this.pendingTarget = null; // a target from the URL, chosen once the top-k it belongs to is known
     this.modelSlot = new Slot();
     this.predictSlot = new Slot();
     this.filterSlot = new Slot();
@@ -149,6 +150,8 @@ class Inspector {
       return;
     }
     this.info = info;
+    const option = [...$("#model").options].find((o) => o.value === name);
+    if (option) option.textContent = name; // it may have been listed as "(loading)"
     this.renderInfo(info);
     this.renderSamples();
     this.predictions = null;
@@ -267,7 +270,7 @@ class Inspector {
       .then((data) => {
         this.tree.setShapes(data.rows);
         renderSummary($("#summary-box"), data);
-        if (this.tree.selected !== null) this.layerView.context && this.refreshLayerMeta();
+        if (this.tree.selected !== null) this.refreshLayerMeta(); // the shapes arrived after the layer was shown
       })
       .catch((error) => isAbort(error) || showError($("#summary-error"), error));
     const stateDict = this.busy.card
