@@ -1,4 +1,8 @@
-"""Fixtures for the browser tests: one live server, one headless Chromium per session, a watched page per test.
+"""Fixtures for the browser tests: one live server, one headless Chromium, a watched page per test.
+
+Server and browser are package-scoped, so they close when tests/browser is done: Playwright's sync
+API keeps an event loop marked running on the main thread while it is open, and later tests that
+call asyncio.run() must not see it.
 
 Each page records console errors, uncaught exceptions and every request; at teardown a test fails
 on any console error it did not expect and on any request that left the loopback interface.
@@ -90,7 +94,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"{skipped} browser tests skipped. {missing()}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium_executable() -> str:
     """The Chromium binary; a hard failure where it is required (CI) and missing."""
     reason = missing()
@@ -100,7 +104,7 @@ def chromium_executable() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def playwright_instance(chromium_executable: str) -> Iterator[Playwright]:
     from playwright.sync_api import sync_playwright
 
@@ -108,15 +112,15 @@ def playwright_instance(chromium_executable: str) -> Iterator[Playwright]:
         yield instance
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright_instance: Playwright, chromium_executable: str) -> Iterator[Browser]:
-    """One headless Chromium for the whole session (the distribution's binary)."""
+    """One headless Chromium for all the browser tests (the distribution's binary)."""
     launched = playwright_instance.chromium.launch(executable_path=chromium_executable, headless=True)
     yield launched
     launched.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, chromium_executable: str) -> Iterator[LiveServer]:
     """`python -m service` over the built-in registry (lenet, resnet18, efficientvit_b0) on loopback."""
     env = {"HOOKSERVE_ADMIN_TOKEN": ADMIN_TOKEN}
