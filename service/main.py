@@ -21,6 +21,7 @@ from service.api.openapi import install_openapi
 from service.api.routes import (
     activations,
     checkpoints,
+    docs,
     gradients,
     health,
     introspect,
@@ -28,6 +29,7 @@ from service.api.routes import (
     models,
     predict,
     saliency,
+    ui,
     v2,
 )
 from service.config import Settings
@@ -43,6 +45,8 @@ DESCRIPTION = """\
 Inference **and** introspection for PyTorch models over HTTP: predictions with dynamic
 batching, per-layer activations from request-scoped hooks, gradients and saliency maps
 (Captum), torchinfo summaries, state-dict, optimizer and checkpoint metadata.
+
+[The inspector](/ui) shows all of it on one page; [ReDoc](/redoc) renders this schema too.
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
@@ -57,6 +61,8 @@ ROUTERS = (
     checkpoints.router,
     metrics.router,
     v2.router,  # /v2: the Open Inference Protocol, with its own error envelope
+    docs.router,  # /docs and /redoc with their assets served from the package (offline)
+    ui.router,  # /ui, the inspector page
 )
 
 
@@ -92,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from routes.docs, with assets served locally
+        redoc_url=None,
         openapi_tags=[
             {"name": "health"},
             {"name": "models", "description": "The registry and what each model is."},

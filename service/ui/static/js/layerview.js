@@ -1,0 +1,182 @@
+// One layer up close: its statistics (format=stats), its feature maps as the API's PNG grid
+// (format=png), and one channel of that grid enlarged on click or by number.
+
+import { Slot, isAbort, postJSON } from "./api.js";
+import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
+
+const SEPARATOR = 2; // px between tiles in the API's grid (service/codecs/pictures.py)
+const ENLARGED = 192; // px, the longer side of an enlarged channel
+
+/** How many tiles the API draws for an output shape (first input): channels of [N, C, H, W], units of [N, K]. */
+export function tileCount(shape) {
+  if (!Array.isArray(shape) || shape.length < 2) return 1;
+  if (shape.length === 2 || shape.length === 4) return shape[1];
+  return 1;
+}
+
+export class LayerView {
+  constructor(panel, busy) {
+    this.panel = panel;
+    this.busy = busy;
+    this.slot = new Slot();
+    this.title = panel.querySelector("#layer-title");
+    this.meta = panel.querySelector("#layer-meta");
+    this.hint = panel.querySelector("#layer-hint");
+    this.error = panel.querySelector("#layer-error");
+    this.statsTable = panel.querySelector("#layer-stats");
+    this.gridFigure = panel.querySelector("#grid-figure");
+    this.grid = panel.querySelector("#grid");
+    this.gridCaption = panel.querySelector("#grid-caption");
+    this.channelsInput = panel.querySelector("#channels");
+    this.channelInput = panel.querySelector("#channel");
+    this.channelCanvas = panel.querySelector("#channel-canvas");
+    this.channelCaption = panel.querySelector("#channel-caption");
+    this.enlarged = panel.querySelector("#enlarged");
+    this.tiles = 0;
+    this.gridUrl = null;
+    this.grid.addEventListener("click", (event) => this.clickGrid(event));
+    this.channelInput.addEventListener("change", () => this.enlarge(Number(this.channelInput.value)));
+    this.channelsInput.addEventListener("change", () => this.refresh());
+    this.context = null;
+  }
+
+  /** Show `layer` (from the tree) for `input` on `model`; with no input only its description. */
+  show(model, layer, shape, input) {
+    this.context = { model, layer, shape, input };
+    this.refresh();
+  }
+
+  clear() {
+    this.slot.cancel();
+    this.context = null;
+    this.title.textContent = "Pick a layer in the tree";
+    this.meta.textContent = "";
+    this.hint.hidden = true;
+    this.reset();
+    clearError(this.error);
+  }
+
+  reset() {
+    this.statsTable.hidden = true;
+    this.gridFigure.hidden = true;
+    this.enlarged.hidden = true;
+    this.panel.querySelector("#layer-controls").hidden = true;
+    if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
+    this.gridUrl = null;
+    this.grid.removeAttribute("src");
+  }
+
+  async refresh() {
+    if (!this.context) return;
+    const { model, layer, shape, input } = this.context;
+    const label = layer.name === "" ? "(model)" : layer.name;
+    this.title.textContent = label;
+    this.meta.textContent = `${layer.type} · ${formatNumber(layer.num_parameters)} parameters${shape ? ` · output ${formatShape(shape)}` : ""}`;
+    clearError(this.error);
+    this.hint.hidden = Boolean(input);
+    if (!input) {
+      this.slot.cancel();
+      this.reset();
+      return;
+    }
+    const signal = this.slot.next();
+    const inputs = [{ image: input.b64 }];
+    try {
+      await this.busy.run(async () => {
+        const stats = await postJSON("activations", { model, inputs, layers: [layer.name], format: "stats" }, signal);
+        const keys = Object.keys(stats.activations);
+        this.renderStats(stats.activations);
+        const key = keys.includes(layer.name) ? layer.name : keys.find((k) => stats.activations[k].output) || keys[0];
+        const outShape = stats.activations[key] && stats.activations[key].output && stats.activations[key].output.shape;
+        const channels = Math.max(1, Math.min(1024, Number(this.channelsInput.value) || 64));
+        this.tiles = Math.min(tileCount(outShape), channels);
+        this.panel.querySelector("#layer-controls").hidden = false;
+        const body = { model, inputs, layers: [layer.name], format: "png", png_layer: key, channels };
+        const png = await postJSON("activations", body, signal, "blob");
+        if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
+        this.gridUrl = URL.createObjectURL(png);
+        this.grid.src = this.gridUrl;
+        await this.grid.decode();
+        const total = tileCount(outShape);
+        this.grid.alt = `Feature maps of ${key}: ${this.tiles} of ${total} channels, each scaled to its own range`;
+        this.gridCaption.textContent = `${key} ${formatShape(outShape)}: ${this.tiles} of ${total} channels, each scaled to its own min–max. Click one to enlarge it.`;
+        this.gridFigure.hidden = false;
+        this.channelInput.max = String(this.tiles - 1);
+        const current = Number(this.channelInput.value);
+        this.enlarge(Number.isInteger(current) && current < this.tiles ? current : 0);
+      });
+    } catch (error) {
+      if (isAbort(error)) return;
+      this.reset();
+      showError(this.error, error);
+    }
+  }
+
+  renderStats(activations) {
+    const rows = [];
+    for (const [key, sides] of Object.entries(activations)) {
+      for (const [side, s] of Object.entries(sides)) {
+        rows.push(
+          el(
+            "tr",
+            { "data-key": key },
+            el("th", { scope: "row", title: formatShape(s.shape), text: side === "output" ? key : `${key} (${side})` }),
+            ...["min", "max", "mean", "std"].map((k) => el("td", { class: "num", text: formatNumber(s[k]) })),
+            el("td", { class: "num", text: `${(s.zero_fraction * 100).toFixed(1)} %` }),
+          ),
+        );
+      }
+    }
+    const head = el(
+      "tr",
+      {},
+      ["output", "min", "max", "mean", "std", "zeros"].map((h) => el("th", { scope: "col", text: h })),
+    );
+    this.statsTable.replaceChildren(
+      el("caption", { class: "sr-only", text: "Statistics of the layer's output" }),
+      el("thead", {}, head),
+      el("tbody", {}, rows),
+    );
+    this.statsTable.hidden = false;
+  }
+
+  geometry() {
+    const cols = Math.ceil(Math.sqrt(this.tiles));
+    const rows = Math.ceil(this.tiles / cols);
+    const w = (this.grid.naturalWidth - (cols - 1) * SEPARATOR) / cols;
+    const h = (this.grid.naturalHeight - (rows - 1) * SEPARATOR) / rows;
+    return { cols, rows, w, h };
+  }
+
+  clickGrid(event) {
+    if (!this.tiles || !this.grid.naturalWidth) return;
+    const rect = this.grid.getBoundingClientRect();
+    const x = ((event.clientX - rect.left) / rect.width) * this.grid.naturalWidth;
+    const y = ((event.clientY - rect.top) / rect.height) * this.grid.naturalHeight;
+    const g = this.geometry();
+    const col = Math.min(g.cols - 1, Math.floor(x / (g.w + SEPARATOR)));
+    const row = Math.min(g.rows - 1, Math.floor(y / (g.h + SEPARATOR)));
+    const index = row * g.cols + col;
+    if (index < this.tiles) this.enlarge(index);
+  }
+
+  /** Crop channel `index` out of the grid and draw it large, pixels kept sharp. */
+  enlarge(index) {
+    if (!this.tiles || !this.grid.naturalWidth || !Number.isInteger(index) || index < 0 || index >= this.tiles) return;
+    const g = this.geometry();
+    const sx = (index % g.cols) * (g.w + SEPARATOR);
+    const sy = Math.floor(index / g.cols) * (g.h + SEPARATOR);
+    const scale = ENLARGED / Math.max(g.w, g.h);
+    const canvas = this.channelCanvas;
+    canvas.width = Math.round(g.w * scale);
+    canvas.height = Math.round(g.h * scale);
+    const ctx = canvas.getContext("2d");
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.grid, sx, sy, g.w, g.h, 0, 0, canvas.width, canvas.height);
+    this.channelInput.value = String(index);
+    const key = this.context ? this.context.layer.name || "(model)" : "";
+    canvas.setAttribute("aria-label", `Channel ${index} of ${key}, enlarged`);
+    this.channelCaption.textContent = `channel ${index}`;
+    this.enlarged.hidden = false;
+  }
+}

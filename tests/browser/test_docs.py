@@ -1,0 +1,71 @@
+"""/docs and /redoc in headless Chromium: every operation rendered, Try it out works, nothing leaves loopback."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.browser.conftest import Watch
+from tests.reliability.live_server import LiveServer
+
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
+
+
+def operations(server: LiveServer) -> list[tuple[str, str]]:
+    schema = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    return [(method, path) for path, item in schema["paths"].items() for method in item if method in METHODS]
+
+
+def test_swagger_ui_renders_every_operation_offline(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    page.goto("/docs")
+    page.wait_for_selector(".opblock")
+    expected = operations(server)
+    shown = page.eval_on_selector_all(
+        ".opblock",
+        """blocks => blocks.map(b => [
+            b.querySelector('.opblock-summary-method').textContent.toLowerCase(),
+            b.querySelector('.opblock-summary-path').getAttribute('data-path')])""",
+    )
+    assert sorted(map(tuple, shown)) == sorted(expected)
+    assert page.locator("a[href='/ui']").count() >= 1, "the description links the inspector"
+    assert all(url.startswith(server.base_url) or url.startswith("data:") for url in watch.requests)
+    watch.screenshot("docs-swagger-ui", full_page=False)
+
+
+def test_try_it_out_on_lenet_returns_200(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    page.goto("/docs#/models/get_model_models__name__get")
+    block = page.locator("#operations-models-get_model_models__name__get")
+    block.wait_for()
+    if not page.is_visible("#operations-models-get_model_models__name__get .try-out__btn"):
+        block.locator(".opblock-summary-control").click()
+    block.locator(".try-out__btn").click()
+    name = block.locator("input[placeholder='name']")
+    name.fill("lenet")
+    block.locator(".execute").click()
+    status = block.locator(".live-responses-table tbody .response-col_status").first
+    status.wait_for()
+    assert status.inner_text().strip() == "200"
+    assert '"name": "lenet"' in block.locator(".live-responses-table .microlight").first.inner_text()
+    watch.screenshot("docs-try-it-out", element=block)
+
+
+def test_redoc_renders_every_operation_offline(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    page.goto("/redoc")
+    page.wait_for_selector("[data-section-id^='operation/']")
+    count = page.locator("[data-section-id^='operation/']").count()
+    assert count == len(operations(server))
+    watch.screenshot("redoc", full_page=False)
+
+
+@pytest.mark.parametrize("path", ["/", "/ui"])
+def test_home_links_the_inspector_and_the_docs(watch: Watch, path: str) -> None:
+    page = watch.page
+    page.goto(path)
+    for href in ("docs", "redoc"):
+        assert page.locator(f"a[href='{href}']").count() >= 1
+    if path == "/":
+        page.click("a[href='ui']")
+        page.wait_for_selector("#tree-body .tree-row")

@@ -1,0 +1,292 @@
+"""The inspector (/ui) driven in headless Chromium against a live server: the flows of issue 15.
+
+Every test gets a fresh page; the `watch` fixture fails it on a console error it did not expect
+and on any request that leaves loopback. Screenshots land in tests/artifacts/browser/.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from skimage import data as skdata
+
+from tests.browser.conftest import Watch
+from tests.browser.inspector_page import (
+    choose_method,
+    heat_pixels,
+    image_stats,
+    open_inspector,
+    pick_sample,
+    select_layer,
+    wait_layer,
+    wait_pane,
+    wait_prediction,
+)
+from tests.conftest import b64, sample_png
+from tests.reliability.live_server import LiveServer
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+CHROMIUM_422 = r"Failed to load resource: the server responded with a status of 422"
+
+
+@pytest.fixture(scope="module")
+def cat_jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-image's cat (Chelsea) as a JPEG file, as a user would pick it."""
+    path = tmp_path_factory.mktemp("images") / "chelsea.jpg"
+    pixels: np.ndarray[Any, Any] = skdata.chelsea()  # type: ignore[no-untyped-call]
+    Image.fromarray(pixels).save(path, format="JPEG", quality=90)
+    return path
+
+
+def query(page: Page) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlsplit(page.url).query).items()}
+
+
+def test_cat_jpeg_on_resnet18_shows_the_apis_top_k(watch: Watch, server: LiveServer, cat_jpeg: Path) -> None:
+    page = watch.page
+    open_inspector(page, "model=resnet18")
+    page.set_input_files("#file", str(cat_jpeg))
+    shown = wait_prediction(page)
+    files = {"image": ("chelsea.jpg", cat_jpeg.read_bytes(), "image/jpeg")}
+    answer = httpx.post(f"{server.base_url}/predict", data={"model": "resnet18", "top_k": "5"}, files=files, timeout=60)
+    expected = answer.json()["predictions"][0]["top_k"]
+    assert [r.index for r in shown] == [c["index"] for c in expected]
+    assert [r.label for r in shown] == [c["label"] for c in expected]
+    for row, c in zip(shown, expected, strict=True):
+        assert math.isclose(row.score, c["score"], rel_tol=1e-5, abs_tol=1e-7)
+    assert page.is_visible("#preview-figure")
+    assert "chelsea.jpg" in (page.get_attribute("#preview", "aria-label") or "")
+    watch.screenshot("cat-resnet18-topk")
+
+
+@pytest.mark.parametrize("digit", [3, 7])
+def test_sample_digit_on_lenet_puts_that_digit_on_top(watch: Watch, digit: int) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    pick_sample(page, f"digit_{digit}")
+    rows = wait_prediction(page)
+    assert rows[0].label == str(digit)
+    assert rows[0].score > 0.9
+    assert page.inner_text("#topk-table tbody tr.top th") == str(digit)
+    assert query(page)["sample"] == f"digit_{digit}"
+    watch.screenshot(f"lenet-digit-{digit}")
+
+
+def test_conv1_shows_a_non_blank_grid_and_enlarges_a_channel(watch: Watch) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    pick_sample(page, "digit_2")
+    select_layer(page, "conv1")
+    grid = image_stats(page, "#grid")
+    assert grid["width"] > 32
+    assert grid["height"] > 32
+    assert grid["std"] > 10, "the feature-map grid is blank"
+    assert page.get_attribute("#grid", "alt") == "Feature maps of conv1: 6 of 6 channels, each scaled to its own range"
+    assert page.inner_text("#layer-stats tbody th") == "conv1"
+    assert len(page.query_selector_all("#layer-stats tbody td")) == 5  # min, max, mean, std, zeros
+    box = page.locator("#grid").bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.9)  # the last tile: channel 5
+    page.wait_for_function("document.querySelector('#channel').value === '5'")
+    assert page.get_attribute("#channel-canvas", "aria-label") == "Channel 5 of conv1, enlarged"
+    assert image_stats(page, "#channel-canvas")["std"] > 10
+    assert query(page)["layer"] == "conv1"
+    watch.screenshot("lenet-conv1-grid")
+    page.click('#tree-body .tree-row[data-layer=""] .toggle')  # collapse the model: only its row stays
+    assert page.locator("#tree-body .tree-row").count() == 1
+    page.click('#tree-body .tree-row[data-layer=""] .toggle')
+    assert page.locator("#tree-body .tree-row").count() == 8
+
+
+def test_switching_saliency_methods_changes_the_overlay(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    pick_sample(page, "digit_5")
+    wait_pane(page, "a", "gradient")
+    wait_pane(page, "b", "gradcam")
+    offered = page.eval_on_selector_all("#a-method option", "options => options.map(o => o.value)")
+    schema = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    assert offered == schema["components"]["schemas"]["SaliencyMethod"]["enum"]
+    before = heat_pixels(page, "a")
+    assert before != heat_pixels(page, "b")
+    assert page.locator("#a-steps").count() == 0  # integrated_gradients' field is not on the gradient form
+    choose_method(page, "a", "integrated_gradients")
+    wait_pane(page, "a", "integrated_gradients")
+    assert page.locator("#a-steps").input_value() == "50"
+    assert heat_pixels(page, "a") != before
+    assert "convergence" in page.inner_text("#pane-a figcaption")
+    assert query(page)["method"] == "integrated_gradients"
+    page.fill("#opacity", "100")  # the slider only changes how the overlay is blended
+    assert page.eval_on_selector("#pane-a canvas.heat", "c => getComputedStyle(c).opacity") == "1"
+    watch.screenshot("lenet-saliency-switch")
+
+
+def test_a_parameter_error_shows_its_detail_next_to_the_field(watch: Watch, server: LiveServer) -> None:
+    watch.allow(CHROMIUM_422)
+    page = watch.page
+    open_inspector(page, "model=lenet&method=integrated_gradients")
+    pick_sample(page, "digit_1")
+    wait_pane(page, "a", "integrated_gradients")
+    page.fill("#a-steps", "100000")
+    page.press("#a-steps", "Enter")
+    page.wait_for_selector("#a-steps-error:not([hidden])")
+    assert "over the limit" in page.inner_text("#a-steps-error")
+    assert "max_ig_steps" in page.inner_text("#a-steps-error")
+
+
+def test_an_unknown_layer_filter_shows_the_apis_422_detail(watch: Watch, server: LiveServer) -> None:
+    watch.allow(CHROMIUM_422)
+    page = watch.page
+    open_inspector(page, "model=resnet18")
+    page.fill("#filter", "layer9.*")
+    page.press("#filter", "Enter")
+    page.wait_for_selector("#filter-error:not([hidden])")
+    zeros = {"tensor": {"shape": [3, 224, 224], "dtype": "float32", "b64": b64(bytes(3 * 224 * 224 * 4))}}
+    body = {"model": "resnet18", "inputs": [zeros], "layers": ["layer9.*"], "format": "stats"}
+    answer = httpx.post(f"{server.base_url}/activations", json=body, timeout=60)
+    assert answer.status_code == 422
+    assert page.inner_text("#filter-error") == f"422: {answer.json()['detail']}"
+    assert page.locator("#tree-body .tree-row").count() == 0
+    watch.screenshot("resnet18-unknown-filter")
+    page.fill("#filter", "layer1.*.conv*")
+    page.press("#filter", "Enter")
+    page.wait_for_selector('#layers-panel[aria-busy="false"]')
+    assert page.is_hidden("#filter-error")
+    shown = page.eval_on_selector_all("#tree-body .tree-row:not(.context)", "rows => rows.map(r => r.dataset.layer)")
+    assert shown == ["layer1.0.conv1", "layer1.0.conv2", "layer1.1.conv1", "layer1.1.conv2"]
+    assert page.inner_text("#filter-status") == "4 layers match"
+
+
+def test_the_url_restores_the_same_view_after_a_reload(watch: Watch) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    pick_sample(page, "digit_4")
+    wait_prediction(page)
+    select_layer(page, "conv2")
+    page.select_option("#target", index=2)  # the second class of the top-k
+    target = page.eval_on_selector("#target", "s => s.value")
+    choose_method(page, "b", "smoothgrad")
+    wait_pane(page, "b", "smoothgrad")
+    wait_pane(page, "a", "gradient")
+    before = {
+        "url": page.url,
+        "heat_a": heat_pixels(page, "a"),
+        "heat_b": heat_pixels(page, "b"),
+        "grid": page.get_attribute("#grid", "alt"),
+    }
+    assert query(page) == {
+        "model": "lenet",
+        "sample": "digit_4",
+        "layer": "conv2",
+        "target": target,
+        "method2": "smoothgrad",
+    }
+    page.reload()
+    wait_layer(page)
+    wait_pane(page, "a", "gradient")
+    wait_pane(page, "b", "smoothgrad")
+    wait_prediction(page)
+    assert page.url == before["url"]
+    assert page.eval_on_selector("#model", "s => s.value") == "lenet"
+    assert page.get_attribute('.sample[data-sample="digit_4"]', "aria-pressed") == "true"
+    assert page.get_attribute('#tree-body .tree-row[data-layer="conv2"] .pick', "aria-pressed") == "true"
+    assert page.get_attribute("#grid", "alt") == before["grid"]
+    assert page.eval_on_selector("#target", "s => s.value") == target
+    assert page.get_attribute("#pane-a", "data-target") == target
+    assert heat_pixels(page, "a") == before["heat_a"]
+    assert heat_pixels(page, "b") == before["heat_b"]  # smoothgrad is seeded: the same map again
+    watch.screenshot("lenet-restored-after-reload")
+
+
+def test_an_uploaded_image_survives_a_reload_of_the_tab(watch: Watch, tmp_path: Path) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    upload = tmp_path / "my-digit.png"
+    upload.write_bytes(sample_png(9))
+    page.set_input_files("#file", str(upload))
+    first = wait_prediction(page)
+    assert first[0].label == "9"
+    page.reload()
+    assert wait_prediction(page) == first
+    assert "my-digit.png" in page.inner_text("#preview-caption")
+
+
+def test_drag_and_drop_gives_the_image(watch: Watch, cat_jpeg: Path) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    buffer = io.BytesIO()
+    Image.open(cat_jpeg).convert("L").resize((64, 48)).save(buffer, format="PNG")
+    handle = page.evaluate_handle(
+        """bytes => { const t = new DataTransfer();
+            t.items.add(new File([new Uint8Array(bytes)], 'dropped.png', {type: 'image/png'})); return t; }""",
+        list(buffer.getvalue()),
+    )
+    page.dispatch_event("#drop", "drop", {"dataTransfer": handle})
+    assert len(wait_prediction(page)) == 5
+    assert "dropped.png" in page.inner_text("#preview-caption")
+
+
+def test_an_undecodable_file_shows_the_apis_400_next_to_the_input(watch: Watch, tmp_path: Path) -> None:
+    watch.allow(r"Failed to load resource: the server responded with a status of 400")
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    bogus = tmp_path / "notes.png"
+    bogus.write_bytes(b"this is not an image")
+    page.set_input_files("#file", str(bogus))
+    page.wait_for_selector("#input-error:not([hidden])")
+    assert page.inner_text("#input-error").startswith("400: ")
+    assert page.is_hidden("#topk-table")
+
+
+def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    page.wait_for_selector("#state-box table tbody tr")
+    page.wait_for_selector("#optimizer-box .group")
+    summary = httpx.get(f"{server.base_url}/models/lenet/summary?depth=1", timeout=30).json()
+    state = httpx.get(f"{server.base_url}/models/lenet/state-dict", timeout=30).json()
+    assert page.inner_text("#summary-box pre").strip() == summary["text"].strip()
+    keys = page.eval_on_selector_all("#state-box tbody tr", "rows => rows.map(r => r.dataset.key)")
+    assert keys == [e["key"] for e in state["entries"]]
+    assert page.locator("#state-box tr.bad").count() == 0
+    assert "no NaN or Inf" in page.inner_text("#state-box .verdict")
+    assert "SGD · group 0" in page.inner_text("#optimizer-box")
+    assert "momentum_buffer" in page.inner_text("#optimizer-box")
+    shapes = page.eval_on_selector_all(
+        "#tree-body .tree-row", "rows => rows.map(r => [r.dataset.layer, r.querySelector('.shape').textContent])"
+    )
+    assert ["conv1", "[1, 6, 28, 28]"] in shapes
+    page.click("#card-repr summary")
+    assert "LeNet(" in page.inner_text("#repr")
+    watch.screenshot("lenet-model-card")
+
+
+def test_the_page_is_keyboard_reachable_and_labelled(watch: Watch) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.classList.contains('sample')"):
+            break
+    else:
+        pytest.fail("no sample digit reachable with Tab")
+    page.keyboard.press("Enter")
+    assert len(wait_prediction(page)) == 5
+    unlabelled = page.evaluate(
+        """() => [...document.querySelectorAll('input, select')]
+            .filter(n => n.type !== 'hidden' && n.labels.length === 0 && !n.closest('[hidden]'))
+            .map(n => n.id || n.name)"""
+    )
+    assert unlabelled == []
+    assert page.evaluate("[...document.images].every(i => i.hasAttribute('alt'))")
+    assert page.evaluate("[...document.querySelectorAll('canvas[role=img]')].every(c => c.getAttribute('aria-label'))")

@@ -1,0 +1,168 @@
+"""The page reads what the server offers from /openapi.json: a saliency union over `method` (issue 11's
+coming shape) and /interventions (issue 14) are served here as stand-in schema and answers in the
+browser, since the server does not have them yet; every other request still goes to the live server."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from tests.browser.conftest import Watch
+from tests.browser.inspector_page import (
+    choose_method,
+    open_inspector,
+    pick_sample,
+    select_layer,
+    top_k,
+    wait_pane,
+    wait_prediction,
+)
+from tests.reliability.live_server import LiveServer
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Route
+
+OWN_FIELDS = {
+    "gradcam": ["layer"],
+    "integrated_gradients": ["steps", "baseline"],
+    "smoothgrad": ["samples", "noise", "seed"],
+}
+SHARED = ("model", "inputs", "target", "format", "alpha")
+NEW_METHOD = "occlusion"  # a method the server does not have: it must still appear, with its own fields
+NEW_FIELDS = {
+    "window": {
+        "type": "array",
+        "items": {"type": "integer"},
+        "default": [3, 8, 8],
+        "description": "occlusion: window.",
+    },
+    "strides": {
+        "type": "array",
+        "items": {"type": "integer"},
+        "default": [3, 4, 4],
+        "description": "occlusion: strides",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def schema(server: LiveServer) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    return answer
+
+
+def as_union(schema: dict[str, Any]) -> dict[str, Any]:
+    """SaliencyRequest rewritten as pydantic writes a discriminated union: oneOf variants plus a mapping."""
+    out = copy.deepcopy(schema)
+    components = out["components"]["schemas"]
+    request = components["SaliencyRequest"]
+    methods = [*components["SaliencyMethod"]["enum"], NEW_METHOD]
+    mapping = {}
+    for method in methods:
+        props = {k: request["properties"][k] for k in SHARED}
+        props["method"] = {"const": method, "type": "string", "title": "Method"}
+        props |= {k: request["properties"][k] for k in OWN_FIELDS.get(method, [])}
+        if method == NEW_METHOD:
+            props |= NEW_FIELDS
+        name = f"Saliency{method.title().replace('_', '')}Request"
+        components[name] = {"type": "object", "properties": props, "required": ["model", "inputs", "method"]}
+        mapping[method] = f"#/components/schemas/{name}"
+    components["SaliencyRequest"] = {
+        "oneOf": [{"$ref": ref} for ref in mapping.values()],
+        "discriminator": {"propertyName": "method", "mapping": mapping},
+        "title": "SaliencyRequest",
+    }
+    return out
+
+
+def with_interventions(schema: dict[str, Any]) -> dict[str, Any]:
+    """POST /interventions as issue 14 describes it: base inputs and a list of edits {site, op, channels}."""
+    out = copy.deepcopy(schema)
+    components = out["components"]["schemas"]
+    components["InterventionEdit"] = {
+        "type": "object",
+        "properties": {
+            "site": {"type": "string"},
+            "op": {"type": "string", "enum": ["zero", "scale"]},
+            "channels": {"type": "array", "items": {"type": "integer"}},
+        },
+    }
+    components["InterventionsRequest"] = {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InputItem"}},
+            "edits": {"type": "array", "items": {"$ref": "#/components/schemas/InterventionEdit"}},
+        },
+    }
+    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/InterventionsRequest"}}}}
+    out["paths"]["/interventions"] = {"post": {"requestBody": body, "responses": {"200": {"description": "ok"}}}}
+    return out
+
+
+def test_a_saliency_union_gives_each_method_its_own_fields(watch: Watch, schema: dict[str, Any]) -> None:
+    watch.allow(r"Failed to load resource: the server responded with a status of 422")
+    page = watch.page
+    page.route("**/openapi.json", lambda route: route.fulfill(json=as_union(schema)))
+    open_inspector(page, "model=lenet")
+    offered = page.eval_on_selector_all("#a-method option", "options => options.map(o => o.value)")
+    assert offered == [*schema["components"]["schemas"]["SaliencyMethod"]["enum"], NEW_METHOD]
+    pick_sample(page, "digit_8")
+    wait_pane(page, "a", "gradient")
+    wait_pane(page, "b", "gradcam")
+    assert page.locator("#b-layer").count() == 1
+    assert page.locator("#a-layer").count() == 0
+    choose_method(page, "a", "smoothgrad")
+    wait_pane(page, "a", "smoothgrad")
+    fields = page.eval_on_selector_all("#pane-a .params input", "inputs => inputs.map(i => i.name)")
+    assert fields == ["samples", "noise", "seed"]
+    choose_method(page, "a", NEW_METHOD)
+    assert page.locator("#a-window").input_value() == "3,8,8"
+    page.wait_for_selector("#a-method-error:not([hidden])")
+    assert page.inner_text("#a-method-error").startswith("422: method: ")
+    page.wait_for_selector("#a-window-error:not([hidden])")
+    assert page.inner_text("#a-window-error").startswith("422: window: ")
+    watch.screenshot("saliency-union-schema")
+
+
+def test_the_interventions_panel_stays_hidden_without_the_endpoint(watch: Watch) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    assert page.is_hidden("#interventions-panel")
+
+
+def test_the_interventions_panel_zeroes_the_unticked_channels(
+    watch: Watch, server: LiveServer, schema: dict[str, Any]
+) -> None:
+    page = watch.page
+    sent: list[dict[str, Any]] = []
+
+    def interventions(route: Route) -> None:
+        body = json.loads(route.request.post_data or "{}")
+        sent.append(body)
+        plain = {"model": body["model"], "inputs": body["inputs"], "top_k": 5}
+        clean = httpx.post(f"{server.base_url}/predict", json=plain, timeout=30).json()
+        edited = [dict(c, score=c["score"] / 2) for c in reversed(clean["predictions"][0]["top_k"])]
+        route.fulfill(json={"model": "lenet", "clean": clean["predictions"], "edited": [{"top_k": edited}]})
+
+    page.route("**/openapi.json", lambda route: route.fulfill(json=with_interventions(schema)))
+    page.route("**/interventions", interventions)
+    open_inspector(page, "model=lenet")
+    assert page.is_visible("#interventions-panel")
+    pick_sample(page, "digit_6")
+    clean = wait_prediction(page)
+    select_layer(page, "conv1")
+    assert page.locator("#edit-channels input").count() == 6
+    page.uncheck("#edit-channels input[value='0']")
+    page.uncheck("#edit-channels input[value='3']")
+    page.click("#edit-form button[type=submit]")
+    page.wait_for_selector('#interventions-panel[data-state="done"]')
+    assert sent[0]["edits"] == [{"site": "conv1", "op": "zero", "channels": [0, 3]}]
+    assert sent[0]["model"] == "lenet"
+    assert top_k(page, "#edit-clean") == clean
+    assert [r.index for r in top_k(page, "#edit-edited")] == [r.index for r in reversed(clean)]
+    watch.screenshot("interventions-stand-in")
