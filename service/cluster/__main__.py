@@ -79,13 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    stop = Stop()
-    stop.install()
     own_cluster = "address" not in args
     init: dict[str, Any] = {"address": args.get("address")}
     if own_cluster:
         init.update({k: v for k, v in (("num_cpus", args.get("ray_cpus")), ("num_gpus", args.get("ray_gpus"))) if v})
     ray.init(**init)
+    stop = Stop()
+    stop.install()  # after ray.init, which installs a SIGTERM handler of its own (sys.exit) over any earlier one
     app_name = plan.cluster.app_name
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})

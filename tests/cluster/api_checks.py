@@ -43,7 +43,7 @@ def tensor_body(model: str, x: np.ndarray[Any, Any], **extra: Any) -> dict[str, 
 
 def replica_of(response: httpx.Response) -> str:
     """The `X-Hookserve-Replica` header: `<deployment>#<replica id>`."""
-    value = response.headers.get(REPLICA_HEADER)
+    value: str | None = response.headers.get(REPLICA_HEADER)
     assert value, f"no {REPLICA_HEADER} header on {response.request.url}: {dict(response.headers)}"
     return value
 

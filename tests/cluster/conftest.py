@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.reliability.live_server import free_port
+from tests.reliability.live_server import REPO_ROOT, free_port
 
 T = TypeVar("T")
 
@@ -126,3 +129,49 @@ def running_replicas(app: str, deployment: str) -> int:
     if str(overview.status.value) != "HEALTHY":
         return 0
     return int(overview.replica_states.get("RUNNING", 0))
+
+
+class ClusterProcess:
+    """`python -m service.cluster --address <session cluster> ...` as a subprocess, log kept in a file."""
+
+    def __init__(self, cluster: RayCluster, workdir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.cluster = cluster
+        self.log_path = workdir / "cluster.log"
+        self.args = [sys.executable, "-m", "service.cluster", "--address", cluster.address, *args]
+        self.args += ["--host", "127.0.0.1", "--port", str(cluster.port)]
+        self.env = {**os.environ, **LOCAL_RAY_ENV, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 240.0) -> ClusterProcess:
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.args, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+        def ready() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"python -m service.cluster exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                return httpx.get(f"{self.cluster.url}/readyz", timeout=10).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(ready, timeout, f"python -m service.cluster ready; log:\n{self.log()}", poll=0.25)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM and wait; SIGKILL only if it does not exit in time. The exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
