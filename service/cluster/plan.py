@@ -17,7 +17,13 @@ from service.registry.spec import ModelSpec
 
 REPLICATED_GROUP = "models"  # the one group of the replicated layout
 THREAD_FIELDS = ("worker_threads", "cpu_threads", "torch_threads", "decode_threads")
-NOT_FOR_REPLICAS = ("config", "host", "port")  # the replica gets its own TOML; Serve's proxy owns the port
+NOT_FOR_REPLICAS = ("config", "host", "port")
+REPLICA_FIELDS = {
+    "num_replicas",
+    "min_replicas",
+    "max_replicas",
+    "target_ongoing_requests",
+}  # the replica gets its own TOML; Serve's proxy owns the port
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,11 @@ class ClusterPlan:
 
 def merged(group: Scaling, cluster: Scaling) -> Scaling:
     """A group's scaling with the cluster-wide values filling what it leaves unset."""
-    own = group.model_dump(include=set(Scaling.model_fields), exclude_none=True)
-    if {"num_replicas", "min_replicas", "max_replicas"} & own.keys():  # a group's replica choice is whole
-        base = cluster.model_dump(exclude={"num_replicas", "min_replicas", "max_replicas"}, exclude_none=True)
-    else:
-        base = cluster.model_dump(include=set(Scaling.model_fields), exclude_none=True)
+    fields = set(Scaling.model_fields)
+    own = group.model_dump(include=fields, exclude_none=True)
+    if REPLICA_FIELDS & own.keys():  # a group's replica choice is whole, not mixed with the cluster's
+        fields -= REPLICA_FIELDS
+    base = cluster.model_dump(include=fields, exclude_none=True)
     return Scaling.model_validate({**base, **own})
 
 
