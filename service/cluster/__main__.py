@@ -46,6 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--router-replicas", type=int, help="replicas of the router (default 1)")
     parser.add_argument("--ray-cpus", type=float, help="CPUs of the local Ray cluster this command starts")
     parser.add_argument("--ray-gpus", type=float, help="GPUs of the local Ray cluster this command starts")
+    parser.add_argument("--temp-dir", type=Path, help="Ray's session files for the local cluster (default /tmp/ray)")
     args = parser.parse_args(argv)
     return {k: v for k, v in vars(args).items() if v is not None}
 
@@ -83,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     init: dict[str, Any] = {"address": args.get("address")}
     if own_cluster:
         init.update({k: v for k, v in (("num_cpus", args.get("ray_cpus")), ("num_gpus", args.get("ray_gpus"))) if v})
+        if "temp_dir" in args:
+            init["_temp_dir"] = str(Path(args["temp_dir"]).resolve())
     ray.init(**init)
     stop = Stop()
     stop.install()  # after ray.init, which installs a SIGTERM handler of its own (sys.exit) over any earlier one
