@@ -47,6 +47,24 @@ REPLICAS = 2
 RAY_LABEL = f"Ray Serve, {REPLICAS} replicas x 1 CPU (1 torch thread each), router and proxy in front"
 
 
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process and all its descendants (Ray's GCS, raylet, proxy, replicas), MB."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return float("nan")
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total / 1e6
+
+
 def have_ray() -> bool:
     try:
         import ray  # noqa: F401
@@ -65,6 +83,13 @@ class ClusterServer:
         self.ready_timeout_s = ready_timeout_s
         self.log_path = workdir / "cluster.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_s = float("nan")
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("cluster not started")
+        return self.proc.pid
 
     def start(self) -> None:
         if port_in_use(self.port):
@@ -78,15 +103,17 @@ class ClusterServer:
         cmd += ["--ray-cpus", str(CORES), "--temp-dir", str(ray_dir)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKSERVE_")}
         env.update({"HOOKSERVE_LOG_LEVEL": "warning", **BATCHING, **RAY_ENV})
+        started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.ready_timeout_s
+        deadline = started + self.ready_timeout_s
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"the cluster exited with {self.proc.returncode}:\n{self.log_tail()}")
                 try:
                     if client.get(self.url + "/readyz").status_code == 200:
+                        self.ready_s = time.monotonic() - started
                         return
                 except httpx.HTTPError:
                     pass
@@ -142,6 +169,7 @@ def run(
         return {"skipped": "ray is not installed"}
     payload = build_payloads(make_inputs(), [])[Kind.PREDICT_JPEG_MULTIPART]
     points: list[dict[str, Any]] = []
+    footprint: dict[str, dict[str, float]] = {}
 
     def measure_all(server: str, url: str, pid: int | None) -> None:
         for clients in LOAD:
@@ -153,12 +181,17 @@ def run(
             points.append({"server": server, "concurrency": clients, "result": result.to_dict()})
 
     log(f"starting hookserve ({ONE_PROCESS.description})")
+    started = time.monotonic()
     with Server(ONE_PROCESS, port or free_port(), workdir) as single:
+        footprint["one-process"] = {"ready_s": time.monotonic() - started, "pss_mb": tree_pss_mb(single.pid)}
         measure_all("one-process", single.url, single.pid)
     log(f"starting python -m service.cluster ({RAY_LABEL})")
     with ClusterServer(port or free_port(), workdir) as cluster:
+        footprint["ray"] = {"ready_s": cluster.ready_s, "pss_mb": tree_pss_mb(cluster.pid)}
         measure_all("ray", cluster.url, None)
-    return {"description": {"one-process": ONE_PROCESS.description, "ray": RAY_LABEL}, "points": points}
+    log(f"  ready after / memory (PSS): {footprint}")
+    description = {"one-process": ONE_PROCESS.description, "ray": RAY_LABEL}
+    return {"description": description, "points": points, "footprint": footprint}
 
 
 def _point(results: dict[str, Any], server: str, clients: int) -> dict[str, Any] | None:
@@ -174,18 +207,23 @@ def table(results: dict[str, Any]) -> str:
     if not results or "skipped" in results:
         return f"cluster row: {results.get('skipped', 'not run') if results else 'not run'}"
     high = max(LOAD)
-    rows = ["| | images/s, 32 clients | p50 ms, 1 client |", "|---|---:|---:|"]
+    rows = [
+        "| | images/s, 32 clients | p50 ms, 1 client | ready after s | memory (PSS) MB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for server, label in (("one-process", "one hookserve process, both cores"), ("ray", RAY_LABEL)):
         busy, alone = _point(results, server, high), _point(results, server, 1)
         ips = f"{busy['images_per_s']:.1f}" if busy else "n/a"
         p50 = f"{alone['lat_ms']['p50']:.1f}" if alone else "n/a"
-        rows.append(f"| {label} | {ips} | {p50} |")
+        foot = results.get("footprint", {}).get(server, {})
+        ready, pss = foot.get("ready_s", float("nan")), foot.get("pss_mb", float("nan"))
+        rows.append(f"| {label} | {ips} | {p50} | {ready:.1f} | {pss:.0f} |")
     single_busy, ray_busy = _point(results, "one-process", high), _point(results, "ray", high)
     single_alone, ray_alone = _point(results, "one-process", 1), _point(results, "ray", 1)
     if single_busy and ray_busy and single_alone and ray_alone and single_busy["images_per_s"]:
         ratio = ray_busy["images_per_s"] / single_busy["images_per_s"]
         added = ray_alone["lat_ms"]["p50"] - single_alone["lat_ms"]["p50"]
-        rows.append(f"| Ray / one process | {ratio:.2f} x | {added:+.1f} ms added by Ray |")
+        rows.append(f"| Ray / one process | {ratio:.2f} x | {added:+.1f} ms added by Ray | | |")
     return "\n".join(rows)
 
 
