@@ -1,10 +1,12 @@
 """The cluster row of `make bench`: two single-thread Ray Serve replicas against one hookserve process.
 
-Both serve resnet18 alone and get the same JPEG `/predict` (multipart) at 1 and 32 clients:
-one `python -m service` with the default settings (its jobs share every core), and
+Both serve resnet18 and lenet and get the same JPEG `/predict` (multipart) of resnet18 at 1
+and 32 clients, and lenet `/predict` at 1 client (~1 ms of compute: what Ray's hops add shows
+best there): one `python -m service` with the default settings (its jobs share every core), and
 `python -m service.cluster` on a local Ray cluster with 2 replicas of 1 CPU each (one torch
 thread each), behind Ray's HTTP proxy and hookserve's router. The row gives images/s at 32
-clients of both, and the p50 that Ray adds at 1 client.
+clients of both, the p50 that Ray adds at 1 client, how long each took to be ready and its
+memory (PSS of the whole process tree).
 
     python -m bench.cluster --quick        # alone, a few seconds per point
 """
@@ -31,18 +33,28 @@ from bench.loadgen import CLIENTS, Client, format_result, measure
 from bench.machine import wait_idle
 from bench.server import REPO, Server, ServerConfig, free_port, port_in_use
 from bench.workload import Kind, build_payloads, make_inputs
+from service.cluster.spec_toml import specs_toml
+from service.registry.builtin import ZOO_DIR, builtin_specs
+from service.registry.spec import ModelSpec, Source
 
 CORES = os.cpu_count() or 1
 LOAD = (1, 32)
-RESNET_TOML = '[[models]]\nname = "resnet18"\nsource = "torchvision"\narchitecture = "resnet18"\n'
 BATCHING = {"HOOKSERVE_MAX_BATCH_SIZE": "8", "HOOKSERVE_MAX_BATCH_DELAY_MS": "5"}
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only, no token
-ONE_PROCESS = ServerConfig(
-    "one-process",
-    f"python -m service, resnet18 only, Settings defaults ({CORES} executor threads sharing {CORES} cores)",
-    {"HOOKSERVE_DECODE_THREADS": str(CORES), **BATCHING},
-    RESNET_TOML,
-)
+RESNET = ModelSpec(name="resnet18", source=Source.torchvision, architecture="resnet18")
+
+
+def models_toml(workdir: Path) -> str:
+    """resnet18 (random weights) and the shipped lenet, its files copied into the model dir."""
+    (lenet,) = [s for s in builtin_specs() if s.name == "lenet"]
+    for relative in (lenet.weights, lenet.labels):
+        assert relative is not None
+        (workdir / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ZOO_DIR / relative, workdir / relative)
+    return specs_toml([RESNET, lenet])
+
+
+ONE_PROCESS_TEXT = f"python -m service, resnet18 and lenet, Settings defaults ({CORES} executor threads, {CORES} cores)"
 REPLICAS = 2
 RAY_LABEL = f"Ray Serve, {REPLICAS} replicas x 1 CPU (1 torch thread each), router and proxy in front"
 
@@ -95,7 +107,7 @@ class ClusterServer:
         if port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is already taken; pass --port")
         toml = self.workdir / "cluster-models.toml"
-        toml.write_text(RESNET_TOML)
+        toml.write_text(models_toml(self.workdir))
         ray_dir = Path(tempfile.mkdtemp(prefix="hsbray-", dir="/tmp"))  # short: Ray puts unix sockets in it
         self.ray_dir = ray_dir
         cmd = [sys.executable, "-m", "service.cluster", "--config", str(toml), "--model-dir", str(self.workdir)]
@@ -167,22 +179,32 @@ def run(
     if not have_ray():
         log("cluster row skipped: ray is not installed (pip install 'hookserve[ray]')")
         return {"skipped": "ray is not installed"}
-    payload = build_payloads(make_inputs(), [])[Kind.PREDICT_JPEG_MULTIPART]
+    payloads = build_payloads(make_inputs(), [])
     points: list[dict[str, Any]] = []
     footprint: dict[str, dict[str, float]] = {}
+    plan = [*((Kind.PREDICT_JPEG_MULTIPART, c) for c in LOAD), (Kind.LENET_PREDICT, 1)]
 
     def measure_all(server: str, url: str, pid: int | None) -> None:
-        for clients in LOAD:
+        for kind, clients in plan:
             wait_idle(idle_wait_s, log=log)
             result = measure(
-                url, payload, clients, max_requests=max_requests, max_seconds=duration_s, server_pid=pid, client=client
+                url,
+                payloads[kind],
+                clients,
+                max_requests=max_requests,
+                max_seconds=duration_s,
+                server_pid=pid,
+                client=client,
             )
             log(f"  {server}: {format_result(result)}")
-            points.append({"server": server, "concurrency": clients, "result": result.to_dict()})
+            points.append({"server": server, "kind": kind.value, "concurrency": clients, "result": result.to_dict()})
 
-    log(f"starting hookserve ({ONE_PROCESS.description})")
+    one_process = ServerConfig(
+        "one-process", ONE_PROCESS_TEXT, {"HOOKSERVE_DECODE_THREADS": str(CORES), **BATCHING}, models_toml(workdir)
+    )
+    log(f"starting hookserve ({ONE_PROCESS_TEXT})")
     started = time.monotonic()
-    with Server(ONE_PROCESS, port or free_port(), workdir) as single:
+    with Server(one_process, port or free_port(), workdir) as single:
         footprint["one-process"] = {"ready_s": time.monotonic() - started, "pss_mb": tree_pss_mb(single.pid)}
         measure_all("one-process", single.url, single.pid)
     log(f"starting python -m service.cluster ({RAY_LABEL})")
@@ -190,13 +212,15 @@ def run(
         footprint["ray"] = {"ready_s": cluster.ready_s, "pss_mb": tree_pss_mb(cluster.pid)}
         measure_all("ray", cluster.url, None)
     log(f"  ready after / memory (PSS): {footprint}")
-    description = {"one-process": ONE_PROCESS.description, "ray": RAY_LABEL}
+    description = {"one-process": ONE_PROCESS_TEXT, "ray": RAY_LABEL}
     return {"description": description, "points": points, "footprint": footprint}
 
 
-def _point(results: dict[str, Any], server: str, clients: int) -> dict[str, Any] | None:
+def _point(
+    results: dict[str, Any], server: str, clients: int, kind: Kind = Kind.PREDICT_JPEG_MULTIPART
+) -> dict[str, Any] | None:
     for point in results.get("points", []):
-        if point["server"] == server and point["concurrency"] == clients:
+        if point["server"] == server and point["concurrency"] == clients and point.get("kind") == kind.value:
             found: dict[str, Any] = point["result"]
             return found
     return None
@@ -208,22 +232,30 @@ def table(results: dict[str, Any]) -> str:
         return f"cluster row: {results.get('skipped', 'not run') if results else 'not run'}"
     high = max(LOAD)
     rows = [
-        "| | images/s, 32 clients | p50 ms, 1 client | ready after s | memory (PSS) MB |",
-        "|---|---:|---:|---:|---:|",
+        "| | resnet18 images/s, 32 clients | resnet18 p50 ms, 1 client | lenet p50 ms, 1 client "
+        "| ready after s | memory (PSS) MB |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+
+    def p50(point: dict[str, Any] | None) -> str:
+        return f"{point['lat_ms']['p50']:.1f}" if point else "n/a"
+
     for server, label in (("one-process", "one hookserve process, both cores"), ("ray", RAY_LABEL)):
-        busy, alone = _point(results, server, high), _point(results, server, 1)
+        busy = _point(results, server, high)
         ips = f"{busy['images_per_s']:.1f}" if busy else "n/a"
-        p50 = f"{alone['lat_ms']['p50']:.1f}" if alone else "n/a"
+        alone, lenet = _point(results, server, 1), _point(results, server, 1, Kind.LENET_PREDICT)
         foot = results.get("footprint", {}).get(server, {})
         ready, pss = foot.get("ready_s", float("nan")), foot.get("pss_mb", float("nan"))
-        rows.append(f"| {label} | {ips} | {p50} | {ready:.1f} | {pss:.0f} |")
-    single_busy, ray_busy = _point(results, "one-process", high), _point(results, "ray", high)
-    single_alone, ray_alone = _point(results, "one-process", 1), _point(results, "ray", 1)
-    if single_busy and ray_busy and single_alone and ray_alone and single_busy["images_per_s"]:
-        ratio = ray_busy["images_per_s"] / single_busy["images_per_s"]
-        added = ray_alone["lat_ms"]["p50"] - single_alone["lat_ms"]["p50"]
-        rows.append(f"| Ray / one process | {ratio:.2f} x | {added:+.1f} ms added by Ray | | |")
+        rows.append(f"| {label} | {ips} | {p50(alone)} | {p50(lenet)} | {ready:.1f} | {pss:.0f} |")
+    single, ray = _point(results, "one-process", high), _point(results, "ray", high)
+    cells = ["n/a", "n/a", "n/a"]
+    if single and ray and single["images_per_s"]:
+        cells[0] = f"{ray['images_per_s'] / single['images_per_s']:.2f} x"
+    for i, kind in ((1, Kind.PREDICT_JPEG_MULTIPART), (2, Kind.LENET_PREDICT)):
+        one, many = _point(results, "one-process", 1, kind), _point(results, "ray", 1, kind)
+        if one and many:
+            cells[i] = f"{many['lat_ms']['p50'] - one['lat_ms']['p50']:+.1f} ms"
+    rows.append(f"| Ray against one process | {cells[0]} | {cells[1]} | {cells[2]} | | |")
     return "\n".join(rows)
 
 
@@ -234,7 +266,8 @@ def markdown(results: dict[str, Any]) -> str:
         return ""
     return (
         "\n## Cluster: Ray Serve replicas against one process\n\n"
-        "resnet18 `/predict` with the JPEG as a multipart upload (`bench/cluster.py`).\n\n" + table(cluster) + "\n"
+        "resnet18 `/predict` with the JPEG as a multipart upload, lenet `/predict` with a PNG "
+        "(`bench/cluster.py`).\n\n" + table(cluster) + "\n"
     )
 
 

@@ -1,4 +1,4 @@
-"""One local Ray cluster for every Ray test of the session, on loopback, always shut down; and helpers.
+"""One local Ray cluster for every Ray test (this package), on loopback, always shut down; and helpers.
 
 `ray.init(num_cpus=2, include_dashboard=False)` on 127.0.0.1 with free ports, Ray's files in
 a short temp dir that is removed afterwards, token auth off (Ray 2.60 turns it on).
@@ -45,7 +45,7 @@ class RayCluster:
     temp_dir: Path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # shut down after the last test here, not held through the rest of the suite
 def ray_cluster() -> Iterator[RayCluster]:
     import ray
     from ray import serve
