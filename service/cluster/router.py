@@ -71,6 +71,10 @@ class RouterSettings:
     retry_after_s: int = 1
 
 
+class _Disconnected(Exception):
+    """The client left before its body was read: nothing to forward, nobody to answer."""
+
+
 class _TooLarge(Exception):
     def __init__(self, limit: int, name: str) -> None:
         super().__init__(f"request body over the {limit}-byte limit ({name})")
@@ -121,6 +125,8 @@ class RouterApp:
         except _TooLarge as exc:
             await self._respond(send, error_response(scope["path"], 413, str(exc)))
             return
+        except _Disconnected:
+            return
         await self._respond(send, await self.handle(request))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -150,7 +156,7 @@ class RouterApp:
         while True:
             message: Message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise _Disconnected
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:

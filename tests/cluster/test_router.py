@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 import pytest
 from starlette.testclient import TestClient
+from starlette.types import Message
 
 from service.cluster.messages import REPLICA_HEADER, ForwardRequest, ForwardResponse
 from service.cluster.router import Group, GroupUnavailable, ReplicaLost, RouterApp, RouterSettings
@@ -192,3 +194,24 @@ def test_large_bodies_are_searched_for_their_model_off_the_event_loop() -> None:
 def test_lifespan_is_answered() -> None:
     with make(FakeGroups()) as client:  # runs startup and shutdown: would hang or raise if unanswered
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_client_gone_before_its_body_arrived_is_not_forwarded() -> None:
+    fake = FakeGroups()
+    app = RouterApp(GROUPS, fake.send, RouterSettings(admin_token=None, max_body_bytes=100, max_upload_bytes=100))
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"model": "le', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [(b"content-type", b"application/json")]}
+    asyncio.run(app(scope, receive, send))
+    assert fake.calls == []
+    assert sent == []
