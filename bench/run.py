@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from bench import gpu, raw_torch
+from bench import cluster, gpu, raw_torch
 from bench.configs import SETUPS, Setup
 from bench.loadgen import CLIENTS, Client, LoadResult, format_result, measure
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
@@ -207,6 +207,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, default=None, help="the results as JSON (default: beside the report, .json)")
     ap.add_argument("--notes", type=Path, default=None, help="Markdown to append to the report as its Notes")
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
+    ap.add_argument("--skip-cluster", action="store_true", help="no Ray Serve row (bench/cluster.py)")
     ap.add_argument(
         "--client",
         choices=CLIENTS,
@@ -261,15 +262,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["raw"] = run_raw(plan, inputs.jpeg)
         for setup in setups:
             results["points"] += measure_config(setup, plan, args.port or free_port(), Path(tmp), inputs)
+        if not args.skip_cluster:
+            results["cluster"] = cluster.run(
+                Path(tmp),
+                log,
+                duration_s=plan.duration_s,
+                max_requests=plan.max_requests,
+                idle_wait_s=plan.idle_wait_s,
+                client=plan.client,
+                port=args.port,
+            )
     results["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     print()
     print(comparison_table(results))
     print()
     print(targets_table(evaluate_targets(results)))
+    print()
+    print(cluster.table(results.get("cluster", {})))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     if args.out is not None:
-        args.out.write_text(render_markdown(results))
+        args.out.write_text(render_markdown(results) + cluster.markdown(results))
         log(f"wrote {args.out}")
     return 0
 
