@@ -35,7 +35,7 @@ from bench.server import REPO, Server, ServerConfig, free_port, port_in_use
 from bench.workload import Kind, build_payloads, make_inputs
 from service.cluster.spec_toml import specs_toml
 from service.registry.builtin import ZOO_DIR, builtin_specs
-from service.registry.spec import ModelSpec, Source
+from service.specs.model import ModelSpec, Source
 
 CORES = os.cpu_count() or 1
 LOAD = (1, 32)

@@ -19,7 +19,7 @@ from service.cluster.deployments import MODEL_GROUP, ROUTER
 from service.cluster.plan import ClusterPlan, build_plan
 from service.cluster.router import RouterSettings
 from service.config import Settings
-from service.registry.spec import load_specs
+from service.specs.model import load_specs
 
 ROUTER_DEPLOYMENT = "router"
 SETTINGS_ARGS = ("config", "model_dir", "device", "host", "port")

@@ -32,7 +32,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.errors import InvalidField
-from service.registry.spec import ModelSpec
+from service.specs.model import ModelSpec
 
 ENV_PREFIX = "HOOKSERVE_CLUSTER_"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"  # Serve deployment names may not hold "#"

@@ -13,7 +13,7 @@ from typing import Any
 from service.cluster.config import ClusterConfig, Layout, Scaling, check_models
 from service.cluster.spec_toml import specs_toml
 from service.config import Settings
-from service.registry.spec import ModelSpec
+from service.specs.model import ModelSpec
 
 REPLICATED_GROUP = "models"  # the one group of the replicated layout
 THREAD_FIELDS = ("worker_threads", "cpu_threads", "torch_threads", "decode_threads")

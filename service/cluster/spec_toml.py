@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from service.registry.spec import ModelSpec
+from service.specs.model import ModelSpec
 
 
 def _value(value: Any) -> str:

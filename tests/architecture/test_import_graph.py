@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.dataplane",),  # the façade
     ("service.api",),  # HTTP
     ("service.main",),
-    ("service.__main__", "service.zoo.train_lenet"),  # entry points
+    ("service.__main__", "service.zoo.train_lenet", "service.cluster"),  # entry points (cluster wraps the app)
 ]
 RANK = {prefix: rank for rank, prefixes in enumerate(LAYERS) for prefix in prefixes}
 

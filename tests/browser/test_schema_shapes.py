@@ -1,6 +1,6 @@
-"""The page reads what the server offers from /openapi.json: a saliency union over `method` (issue 11's
-coming shape) and /interventions (issue 14) are served here as stand-in schema and answers in the
-browser, since the server does not have them yet; every other request still goes to the live server."""
+"""The page reads what the server offers from /openapi.json: a saliency method the server does not have
+and /interventions (issue 14) are served here as stand-in schema and answers in the browser, so the page
+is shown to offer whatever the schema offers; every other request still goes to the live server."""
 
 from __future__ import annotations
 
@@ -26,12 +26,6 @@ from tests.reliability.live_server import LiveServer
 if TYPE_CHECKING:
     from playwright.sync_api import Route
 
-OWN_FIELDS = {
-    "gradcam": ["layer"],
-    "integrated_gradients": ["steps", "baseline"],
-    "smoothgrad": ["samples", "noise", "seed"],
-}
-SHARED = ("model", "inputs", "target", "format", "alpha")
 NEW_METHOD = "occlusion"  # a method the server does not have: it must still appear, with its own fields
 NEW_FIELDS = {
     "window": {
@@ -55,27 +49,25 @@ def schema(server: LiveServer) -> dict[str, Any]:
     return answer
 
 
-def as_union(schema: dict[str, Any]) -> dict[str, Any]:
-    """SaliencyRequest rewritten as pydantic writes a discriminated union: oneOf variants plus a mapping."""
+def union_methods(schema: dict[str, Any]) -> list[str]:
+    """The saliency methods of the served union, in its `oneOf` order."""
+    components = schema["components"]["schemas"]
+    refs = [variant["$ref"].rsplit("/", 1)[-1] for variant in components["SaliencyRequest"]["oneOf"]]
+    return [components[ref]["properties"]["method"]["const"] for ref in refs]
+
+
+def with_new_method(schema: dict[str, Any]) -> dict[str, Any]:
+    """The served union with one more variant: a method whose fields no other method has."""
     out = copy.deepcopy(schema)
     components = out["components"]["schemas"]
-    request = components["SaliencyRequest"]
-    methods = [*components["SaliencyMethod"]["enum"], NEW_METHOD]
-    mapping = {}
-    for method in methods:
-        props = {k: request["properties"][k] for k in SHARED}
-        props["method"] = {"const": method, "type": "string", "title": "Method"}
-        props |= {k: request["properties"][k] for k in OWN_FIELDS.get(method, [])}
-        if method == NEW_METHOD:
-            props |= NEW_FIELDS
-        name = f"Saliency{method.title().replace('_', '')}Request"
-        components[name] = {"type": "object", "properties": props, "required": ["model", "inputs", "method"]}
-        mapping[method] = f"#/components/schemas/{name}"
-    components["SaliencyRequest"] = {
-        "oneOf": [{"$ref": ref} for ref in mapping.values()],
-        "discriminator": {"propertyName": "method", "mapping": mapping},
-        "title": "SaliencyRequest",
-    }
+    gradient = components[components["SaliencyRequest"]["discriminator"]["mapping"]["gradient"].rsplit("/", 1)[-1]]
+    props = copy.deepcopy(gradient["properties"])
+    props["method"] = {"const": NEW_METHOD, "default": NEW_METHOD, "type": "string", "title": "Method"}
+    props |= NEW_FIELDS
+    components["OcclusionSaliencyRequest"] = {**gradient, "properties": props}
+    ref = "#/components/schemas/OcclusionSaliencyRequest"
+    components["SaliencyRequest"]["oneOf"].append({"$ref": ref})
+    components["SaliencyRequest"]["discriminator"]["mapping"][NEW_METHOD] = ref
     return out
 
 
@@ -107,10 +99,10 @@ def with_interventions(schema: dict[str, Any]) -> dict[str, Any]:
 def test_a_saliency_union_gives_each_method_its_own_fields(watch: Watch, schema: dict[str, Any]) -> None:
     watch.allow(r"Failed to load resource: the server responded with a status of 422")
     page = watch.page
-    page.route("**/openapi.json", lambda route: route.fulfill(json=as_union(schema)))
+    page.route("**/openapi.json", lambda route: route.fulfill(json=with_new_method(schema)))
     open_inspector(page, "model=lenet")
     offered = page.eval_on_selector_all("#a-method option", "options => options.map(o => o.value)")
-    assert offered == [*schema["components"]["schemas"]["SaliencyMethod"]["enum"], NEW_METHOD]
+    assert offered == [*union_methods(schema), NEW_METHOD]
     pick_sample(page, "digit_8")
     wait_pane(page, "a", "gradient")
     wait_pane(page, "b", "gradcam")

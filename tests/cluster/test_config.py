@@ -8,7 +8,7 @@ import pytest
 
 from service.cluster.config import ClusterConfig, Layout, check_models, load_cluster_config, parse_group
 from service.errors import InvalidField
-from service.registry.spec import ModelSpec, Source
+from service.specs.model import ModelSpec, Source
 
 SHARDED = """
 [[models]]
@@ -120,7 +120,7 @@ def test_group_flags() -> None:
 
 
 def test_the_single_process_server_ignores_the_cluster_table(tmp_path: Path) -> None:
-    from service.registry.spec import load_specs
+    from service.specs.model import load_specs
 
     (tmp_path / "m.toml").write_text(SHARDED)
     assert [s.name for s in load_specs(tmp_path / "m.toml")] == ["a", "b"]

@@ -11,7 +11,7 @@ import yaml  # type: ignore[import-untyped]
 
 from service.cluster.__main__ import parse_args
 from service.cluster.config import ENV_PREFIX, SCALAR_FIELDS, check_models, load_cluster_config
-from service.registry.spec import parse_specs
+from service.specs.model import parse_specs
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
 

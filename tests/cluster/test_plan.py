@@ -9,7 +9,7 @@ from service.cluster.app import make_plan
 from service.cluster.config import load_cluster_config
 from service.cluster.plan import build_plan
 from service.config import Settings
-from service.registry.spec import ModelSpec, Source, parse_specs
+from service.specs.model import ModelSpec, Source, parse_specs
 
 SPECS = [
     ModelSpec(name="lenet", source=Source.python, architecture="service.zoo.lenet:LeNet", input_size=[3, 32, 32]),

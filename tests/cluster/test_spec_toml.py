@@ -8,7 +8,7 @@ import pytest
 
 from service.cluster.spec_toml import specs_toml
 from service.registry.builtin import builtin_specs
-from service.registry.spec import ModelSpec, OptimizerSpec, PreprocessSpec, Source, parse_specs
+from service.specs.model import ModelSpec, OptimizerSpec, PreprocessSpec, Source, parse_specs
 
 
 def test_round_trip_of_every_kind_of_field() -> None:

@@ -33,7 +33,14 @@ def choose_request(data: Mapping[str, Any]) -> type[SaliencyCommon]:
     name = data.get("method", DEFAULT_METHOD)
     if not isinstance(name, str) or name not in registered_methods():
         choices = ", ".join(registered_methods())
-        raise InvalidField([{"loc": ["method"], "msg": f"Input should be one of {choices}", "type": "enum"}])
+        known = {field for m in registered_methods() for field in request_class(m).model_fields}
+        problems = [{"loc": ["method"], "msg": f"Input should be one of {choices}", "type": "enum"}]
+        problems += [
+            {"loc": [key], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}
+            for key in data
+            if key not in known
+        ]
+        raise InvalidField(problems)
     chosen = request_class(name)
     misplaced = []
     for key in data:
