@@ -247,9 +247,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         ]
         print_table(headers, rows)
     for key, opt in info.optimizers.items():
-        print(
-            f"\noptimizer {key}: {opt.type or 'type not recorded'}, {len(opt.param_groups)} parameter group(s), state for {len(opt.state)}"
-        )
+        kind = opt.type or "type not recorded"
+        print(f"\noptimizer {key}: {kind}, {len(opt.param_groups)} parameter group(s), state for {len(opt.state)}")
     if info.other:
         print()
         print_table(["other", "value"], [[k, v] for k, v in info.other.items()])
