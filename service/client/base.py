@@ -46,9 +46,9 @@ class ClientBase:
             **body_kwargs,
         }
 
-    def _retry_delay(self, response: httpx.Response, attempt: int) -> float | None:
+    def _retry_delay(self, call: Call[Any], response: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before sending again, or None to answer with this response."""
-        if response.status_code not in RETRY_STATUSES:
+        if response.status_code not in RETRY_STATUSES or response.status_code in call.ok:
             return None
         return self.retry.delay(attempt, response.headers.get("retry-after"))
 

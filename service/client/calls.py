@@ -48,7 +48,7 @@ TimeoutArg = float | None | ClientDefault
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
-    """One HTTP exchange: `parse` reads an answer whose status is 2xx or in `ok`."""
+    """One HTTP exchange: `parse` reads an answer whose status is 2xx or in `ok`; 503s are retried unless in `ok`."""
 
     method: str
     path: str
@@ -91,7 +91,7 @@ def health() -> Call[Health]:
         body = r.json()
         return Health(True, r.status_code == 200, str(body.get("status", "")), dict(body.get("models") or {}))
 
-    return Call("GET", "/readyz", parse, ok=(503,))
+    return Call("GET", "/readyz", parse, ok=(503,))  # 503 here means "not ready yet", an answer
 
 
 def models() -> Call[list[ModelInfo]]:

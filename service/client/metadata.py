@@ -90,6 +90,7 @@ class SummaryRow:
     output_shape: list[Any]
     num_parameters: int
     mult_adds: int
+    recursive: bool | None = None  # torchinfo's "(recursive)": a module already shown, run again
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SummaryRow:
@@ -172,6 +173,13 @@ class OptimizerInfo:
 class CheckpointStateDict:
     entries: list[StateDictEntry]
     total_numel: int
+    num_tensors: int | None = None
+    total_bytes: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckpointStateDict:
+        entries = [StateDictEntry.from_json(e) for e in data["entries"]]
+        return cls(entries, int(data["total_numel"]), data.get("num_tensors"), data.get("total_bytes"))
 
 
 @dataclass(frozen=True)
@@ -186,9 +194,6 @@ class CheckpointInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CheckpointInfo:
-        state_dicts = {
-            key: CheckpointStateDict([StateDictEntry.from_json(e) for e in sd["entries"]], int(sd["total_numel"]))
-            for key, sd in data["state_dicts"].items()
-        }
+        state_dicts = {key: CheckpointStateDict.from_json(sd) for key, sd in data["state_dicts"].items()}
         optimizers = {key: OptimizerInfo.from_json(o) for key, o in data["optimizers"].items()}
         return cls(str(data["format"]), state_dicts, optimizers, dict(data["other"]), data.get("compare"))

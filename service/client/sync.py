@@ -76,7 +76,7 @@ class Client(ClientBase):
             except httpx.TransportError as exc:
                 raise self._transport_error(call, exc) from exc
             attempt += 1
-            delay = self._retry_delay(response, attempt)
+            delay = self._retry_delay(call, response, attempt)
             if delay is None:
                 return self._answer(call, response)
             time.sleep(delay)
