@@ -77,6 +77,33 @@ def read_safetensors(content: bytes) -> tuple[dict[str, Array], dict[str, str]]:
     return tensors, metadata
 
 
+_CODES = {dtype: code for code, dtype in _SAFETENSORS.items()}
+
+
+def safetensors_bytes(tensors: Mapping[str, Array], metadata: Mapping[str, str]) -> bytes:
+    """A safetensors file, byte for byte the same for the same input (keys sorted, metadata in order).
+
+    The safetensors library serialises `__metadata__` from a hash map, so its key order (and
+    the file) can change between runs; a resumable extraction needs reruns to write identical
+    shards. Layout per the format: u64 header length, JSON header padded to 8 bytes, data.
+    """
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    arrays = []
+    offset = 0
+    for key in sorted(tensors):
+        little = np.dtype(tensors[key].dtype).newbyteorder("<")
+        code = _CODES.get(little)
+        if code is None:
+            raise ValueError(f"safetensors cannot hold {key!r} of dtype {tensors[key].dtype}")
+        array = np.ascontiguousarray(tensors[key], dtype=little)
+        header[key] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        arrays.append(array)
+        offset += array.nbytes
+    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    return b"".join([struct.pack("<Q", len(encoded)), encoded, *(a.tobytes() for a in arrays)])
+
+
 def read_npz(content: bytes) -> tuple[dict[str, Array], dict[str, str]]:
     """An npz answer's arrays and, as metadata, its `__response__` JSON (API.md)."""
     with np.load(io.BytesIO(content), allow_pickle=False) as npz:

@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load as safetensors_load
-from safetensors.numpy import save as safetensors_save
 
-from service.client.tensors import Array
+from service.client.tensors import Array, safetensors_bytes
 
 FORMAT = "hookserve-features"
 VERSION = 1
@@ -197,9 +196,11 @@ class FeatureIndex:
 
 
 def encode_shard(rows: Sequence[str], tensors: Mapping[str, Array]) -> bytes:
-    """A shard's safetensors bytes: `tensors[key]` is `[len(rows), ...]`; row names in the metadata."""
-    metadata = {"format": FORMAT, "files": json.dumps(list(rows), ensure_ascii=False)}
-    return bytes(safetensors_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata))
+    """A shard's safetensors bytes: `tensors[key]` is `[len(rows), ...]`; row names in the metadata.
+
+    The same rows and values always give the same bytes, so a resumed run equals an uninterrupted one.
+    """
+    return safetensors_bytes(tensors, {"format": FORMAT, "files": json.dumps(list(rows), ensure_ascii=False)})
 
 
 def shard_intact(out_dir: Path, shard: Shard) -> bool:
