@@ -337,10 +337,10 @@ def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Proble
         if name is not None:
             label += f" ({name})"
             names.append(name)
-            if name in seen:
-                problems.append(
-                    Problem(f"{where}: {label}.name", f"{name!r} is already the name of models[{seen[name]}]")
-                )
+        found: list[tuple[str, str]] = []  # (field path, message)
+        if name is not None and name in seen:
+            found.append(("name", f"{name!r} is already the name of models[{seen[name]}]"))
+        if name is not None:
             seen.setdefault(name, i)
         schema_fields: set[str] = set()
         try:
@@ -349,11 +349,11 @@ def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Proble
             for err in exc.errors(include_url=False):
                 loc = list(err["loc"])
                 schema_fields.add(_path(loc[:2]) if loc[:1] == ["optimizer"] else str(loc[0]) if loc else "")
-                message = _pydantic_message(err, _fields_at(ModelSpec, loc))
-                problems.append(Problem(f"{where}: {label}.{_path(loc)}", message))
-        for field, message in _entry_problems(item, settings, files):
-            if field not in schema_fields:
-                problems.append(Problem(f"{where}: {label}.{field}", message))
+                found.append((_path(loc), _pydantic_message(err, _fields_at(ModelSpec, loc))))
+        found += [(f, m) for f, m in _entry_problems(item, settings, files) if f not in schema_fields]
+        order = list(item)  # the entry's keys as the file has them: report in that order
+        found.sort(key=lambda fm: order.index(fm[0].split(".")[0]) if fm[0].split(".")[0] in order else len(order))
+        problems += [Problem(f"{where}: {label}.{field}", message) for field, message in found]
     if files is None and any(isinstance(item, dict) and _needs_model_dir(item) for item in raw):
         flag = "--model-dir / HOOKSERVE_MODEL_DIR"
         problems.append(Problem(where, f"the model dir {str(settings.model_dir)!r} ({flag}) is not a directory"))
