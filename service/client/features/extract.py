@@ -373,7 +373,7 @@ def extract_features(
     >>> report = extract_features(  # doctest: +SKIP
     ...     "http://127.0.0.1:8000", ["digits/"], "features/", "lenet", ["fc1"], capture="input"
     ... )
-    >>> report.extracted, report.failed
+    >>> report.extracted, report.failed  # doctest: +SKIP
     (1797, {})
     """
     request = FeatureRequest(model, tuple(layers), capture, reduce)
