@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from service.cli.output import print_json
-from service.config_check import EXIT_INVALID, check
 
 
 def server_flags(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +18,8 @@ def server_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from service.config_check import EXIT_INVALID, check  # the server's own validation, imported when used
+
     flags = {k: getattr(args, k) for k in ("config", "model_dir", "host", "port", "device")}
     result = check({k: v for k, v in flags.items() if v is not None})
     if args.json:
