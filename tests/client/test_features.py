@@ -21,7 +21,7 @@ from service.client.features import (
     list_images,
     read_features,
 )
-from service.client.features.store import digest
+from service.client.features.store import DirectoryBusy, DirectoryLock, digest
 from tests.client.servers import HELD_OUT, held_out_digits
 from tests.reliability.live_server import LiveServer
 
@@ -241,6 +241,13 @@ def test_new_files_on_resume_get_new_shards(live: LiveServer, digits: list[tuple
     assert (report.resumed, report.images, report.extracted) == (12, 3, 15)
     index = FeatureIndex.load(out)
     assert [len(s.files) for s in index.shards] == [8, 4, 3]
+
+
+def test_two_runs_cannot_write_one_directory(live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path) -> None:
+    with DirectoryLock(tmp_path), pytest.raises(DirectoryBusy, match="another run is writing"):
+        extract_features(live.base_url, [digits[0][0]], tmp_path, "lenet", ["fc3"])
+    report = extract_features(live.base_url, [digits[0][0]], tmp_path, "lenet", ["fc3"])  # free again
+    assert report.complete
 
 
 def test_an_unknown_model_writes_nothing(live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path) -> None:

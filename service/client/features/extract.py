@@ -32,6 +32,7 @@ from service.client.features.store import (
     INDEX,
     REPORT,
     VOLATILE_INFO,
+    DirectoryLock,
     FeatureIndex,
     Shard,
     digest,
@@ -176,11 +177,11 @@ class _Run:
         try:
             await self.store(work, readable)
         except HookserveError as exc:
-            if len(readable) == 1 or not _about_an_image(exc):
-                if _about_an_image(exc):
-                    work.failed[readable[0][0]] = _reason(exc)
-                    return
+            if not _about_an_image(exc):
                 raise
+            if len(readable) == 1:
+                work.failed[readable[0][0]] = _reason(exc)
+                return
             for item in readable:  # find the bad image(s): one request each
                 try:
                     await self.store(work, [item])
@@ -217,31 +218,33 @@ class _Run:
             work.rows[name] = {k: a[row] for k, a in answer.items()}
 
     async def finish(self, work: _Work) -> None:
-        """Write the shard, then the index that records it; both on the writer thread, in order."""
-        rows = [name for name in work.shard.files if name in work.rows]
-        tensors = {key: np.stack([work.rows[n][key] for n in rows]) for key in self.index.tensors} if rows else {}
-        work.shard.status = "done"
-        work.shard.failed = {n: work.failed[n] for n in sorted(work.failed)}
-        work.shard.files = rows
-        work.shard.rows = len(rows)
-        if not rows:
-            work.shard.file = None
-        data = encode_shard(rows, tensors) if rows else None
-        if data is not None:
-            work.shard.bytes, work.shard.sha256 = len(data), digest(data)
-        index_bytes = self.index.encode()
-        work.rows.clear()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.writer, self._write, work.shard.file, data, index_bytes)
+        """Write the shard, then the index that records it, on the writer thread (so a cancelled run still
+        completes a write it began, and the event loop never stacks or hashes megabytes)."""
+        await asyncio.get_running_loop().run_in_executor(self.writer, self._complete, work)
         self.shards_written += 1
         self.progress.shard_written(work.shard)
 
-    def _write(self, file: str | None, data: bytes | None, index_bytes: bytes) -> None:
-        """Runs to its end even when the run is interrupted meanwhile: shard first, then the index."""
-        if file is not None and data is not None:
-            write_atomic(self.out_dir / file, data)
-        write_atomic(self.out_dir / INDEX, index_bytes)
-        self.written = index_bytes
+    def _complete(self, work: _Work) -> None:
+        shard = work.shard
+        rows = [name for name in shard.files if name in work.rows]
+        data = None
+        if rows:
+            data = encode_shard(rows, {key: np.stack([work.rows[n][key] for n in rows]) for key in self.index.tensors})
+            shard.bytes, shard.sha256 = len(data), digest(data)
+        else:
+            shard.file = None  # every file failed: no shard file
+        shard.status, shard.files, shard.rows = "done", rows, len(rows)
+        shard.failed = {n: work.failed[n] for n in sorted(work.failed)}
+        work.rows.clear()
+        if shard.file is not None and data is not None:
+            write_atomic(self.out_dir / shard.file, data)
+        self.write_index()
+
+    def write_index(self) -> None:
+        """The index as it is now (only the writer thread changes shards once a run has started)."""
+        data = self.index.encode()
+        write_atomic(self.out_dir / INDEX, data)
+        self.written = data
 
 
 def _read_files(paths: Sequence[Path | None]) -> list[bytes | str]:
@@ -316,6 +319,32 @@ async def extract_features_async(
     if info.get("status") != "ready":
         raise Conflict(f"model {request.model!r} is {info.get('status')}: {info.get('error')}")
     out.mkdir(parents=True, exist_ok=True)
+    with DirectoryLock(out):
+        return await _extract(
+            client,
+            out,
+            found=found,
+            info=info,
+            request=request,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            progress=progress,
+        )
+
+
+async def _extract(
+    client: AsyncClient,
+    out: Path,
+    *,
+    found: list[tuple[str, Path]],
+    info: dict[str, Any],
+    request: FeatureRequest,
+    concurrency: int,
+    batch_size: int,
+    shard_size: int,
+    progress: Progress,
+) -> ExtractionReport:
     remove_temporaries(out)
     index = _open_index(out, info, request, shard_size, batch_size)
     index.plan([key for key, _ in found])
@@ -329,7 +358,7 @@ async def extract_features_async(
     started = time.perf_counter()
     progress.start(resumed + sum(w.remaining for w in pending), resumed)
     try:
-        await asyncio.get_running_loop().run_in_executor(run.writer, run._write, None, None, index.encode())
+        await asyncio.get_running_loop().run_in_executor(run.writer, run.write_index)  # the plan, before any work
         batches = run.batches(pending)
         workers = [asyncio.ensure_future(run.worker(batches)) for _ in range(concurrency)]
         try:
@@ -345,11 +374,17 @@ async def extract_features_async(
         if run.written is not None:
             final = FeatureIndex.from_json(_loads(run.written))
             write_atomic(out / REPORT, _dumps(final.report()))
-    seconds = time.perf_counter() - started
     return ExtractionReport(
-        out, sum(len(s.planned()) for s in index.shards), index.rows(), resumed, index.failed(),
-        run.shards_written, run.images, seconds, index.complete,
-    )  # fmt: skip
+        out_dir=out,
+        files=sum(len(s.planned()) for s in index.shards),
+        extracted=index.rows(),
+        resumed=resumed,
+        failed=index.failed(),
+        shards_written=run.shards_written,
+        images=run.images,
+        seconds=time.perf_counter() - started,
+        complete=index.complete,
+    )
 
 
 def extract_features(

@@ -64,6 +64,37 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+class DirectoryBusy(OSError):
+    """Another run holds the output directory."""
+
+
+class DirectoryLock:
+    """An exclusive lock on an output directory for one run (`fcntl.flock` on `.lock`): a second run
+    into the same directory stops at once instead of interleaving its shards with the first's."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> DirectoryLock:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            where = self.path.parent
+            raise DirectoryBusy(f"another run is writing {where}; wait for it or choose another directory") from None
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+
 def remove_temporaries(out_dir: Path) -> None:
     """Temporary files a killed run left behind (complete files are never temporaries)."""
     for tmp in out_dir.glob(".*.tmp-*"):
