@@ -33,7 +33,7 @@ from bench.machine import CpuMeter, wait_idle
 from bench.raw_torch import RESNET_SPEC, _layout, build_model
 from bench.server import REPO, Server, free_port
 from bench.workload import make_jpeg
-from service.registry.preprocess import preprocess_image
+from service.codecs.preprocess import preprocess_image
 
 MODEL = "resnet18"
 LAYER = "layer4"

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 from service.config import Settings
 from service.errors import HookserveError
 from service.registry.paths import resolve_under
-from service.registry.spec import ModelSpec, Source
+from service.specs.model import ModelSpec, Source
 
 EXIT_INVALID = 2
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -224,6 +224,7 @@ def _file_problem(files: _Files | None, relative: str, what: str, suffixes: tupl
 
 
 def _architecture_problem(source: Source, name: str, files: _Files | None) -> str | None:
+    """What the source's builder would refuse, checked without building (a source not named here: nothing)."""
     if source is Source.torchvision:
         import torchvision
 
@@ -236,6 +237,8 @@ def _architecture_problem(source: Source, name: str, files: _Files | None) -> st
 
         if not timm.is_model(name):
             return f"timm has no model {name!r}{_did_you_mean(name, timm.list_models())}"
+        return None
+    if source is not Source.python:
         return None
     location, sep, class_name = name.rpartition(":")
     if not sep or not location or not class_name:

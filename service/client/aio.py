@@ -197,24 +197,25 @@ class AsyncClient(ClientBase):
         method: str = "gradient",
         target: Target = None,
         layer: str | None = None,
-        steps: int = 50,
-        samples: int = 25,
-        noise: float = 0.15,
-        seed: int = 0,
+        steps: int | None = None,
+        samples: int | None = None,
+        noise: float | None = None,
+        seed: int | None = None,
+        params: Mapping[str, Any] | None = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> Saliency[Array]:
-        """Captum attributions: gradient, input_x_gradient, smoothgrad, integrated_gradients, gradcam."""
+        """Captum attributions: gradient, input_x_gradient, smoothgrad, integrated_gradients, gradcam.
+
+        Give only the parameters of `method` (gradcam: `layer`; integrated_gradients: `steps`; smoothgrad:
+        `samples`, `noise`, `seed`; any other method's in `params`); the rest take the server's defaults.
+        """
         call = calls.saliency(
             model,
             inputs,
             self.wire,
             method=method,
             target=target,
-            layer=layer,
-            steps=steps,
-            samples=samples,
-            noise=noise,
-            seed=seed,
+            params=calls.method_params(layer=layer, steps=steps, samples=samples, noise=noise, seed=seed, extra=params),
         )
         return await self.send(call, timeout)
 
@@ -226,10 +227,11 @@ class AsyncClient(ClientBase):
         method: str = "gradient",
         target: Target = None,
         layer: str | None = None,
-        steps: int = 50,
-        samples: int = 25,
-        noise: float = 0.15,
-        seed: int = 0,
+        steps: int | None = None,
+        samples: int | None = None,
+        noise: float | None = None,
+        seed: int | None = None,
+        params: Mapping[str, Any] | None = None,
         alpha: float = 0.5,
         timeout: TimeoutArg = DEFAULT,
     ) -> Image.Image:
@@ -240,11 +242,7 @@ class AsyncClient(ClientBase):
             self.wire,
             method=method,
             target=target,
-            layer=layer,
-            steps=steps,
-            samples=samples,
-            noise=noise,
-            seed=seed,
+            params=calls.method_params(layer=layer, steps=steps, samples=samples, noise=noise, seed=seed, extra=params),
             alpha=alpha,
         )
         return await self.send(call, timeout)

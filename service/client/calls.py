@@ -180,36 +180,26 @@ def gradients(
     return Call("POST", "/gradients", parse, body=lambda: build_body(model, inputs, fields, binary=_binary(wire)))
 
 
-def _saliency_fields(
-    *, method: str, target: Target, layer: str | None, steps: int, samples: int, noise: float, seed: int
+def method_params(
+    *,
+    layer: str | None = None,
+    steps: int | None = None,
+    samples: int | None = None,
+    noise: float | None = None,
+    seed: int | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "method": method,
-        "target": _targets(target),
-        "layer": layer,
-        "steps": steps,
-        "samples": samples,
-        "noise": noise,
-        "seed": seed,
-    }
+    """A saliency method's own parameters, only those given: each method takes its own (gradcam `layer`,
+    integrated_gradients `steps`, smoothgrad `samples`, `noise`, `seed`; `extra` for any other), and the
+    server refuses a parameter of another method. What is left out takes the server's default."""
+    given = {"layer": layer, "steps": steps, "samples": samples, "noise": noise, "seed": seed, **(extra or {})}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def saliency(
-    model: str,
-    inputs: Inputs,
-    wire: Wire,
-    *,
-    method: str,
-    target: Target,
-    layer: str | None,
-    steps: int,
-    samples: int,
-    noise: float,
-    seed: int,
+    model: str, inputs: Inputs, wire: Wire, *, method: str, target: Target, params: Mapping[str, Any]
 ) -> Call[Saliency[Array]]:
-    fields = _saliency_fields(
-        method=method, target=target, layer=layer, steps=steps, samples=samples, noise=noise, seed=seed
-    ) | {"format": wire.value}
+    fields = {"method": method, "target": _targets(target), **params, "format": wire.value}
 
     def parse(r: httpx.Response) -> Saliency[Array]:
         if _is_binary(r):
@@ -224,22 +214,9 @@ def saliency(
 
 
 def saliency_image(
-    model: str,
-    inputs: Inputs,
-    wire: Wire,
-    *,
-    method: str,
-    target: Target,
-    layer: str | None,
-    steps: int,
-    samples: int,
-    noise: float,
-    seed: int,
-    alpha: float,
+    model: str, inputs: Inputs, wire: Wire, *, method: str, target: Target, params: Mapping[str, Any], alpha: float
 ) -> Call[Image.Image]:
-    fields = _saliency_fields(
-        method=method, target=target, layer=layer, steps=steps, samples=samples, noise=noise, seed=seed
-    ) | {"format": "png", "alpha": alpha}
+    fields = {"method": method, "target": _targets(target), **params, "format": "png", "alpha": alpha}
     return Call("POST", "/saliency", _image, body=lambda: build_body(model, inputs, fields, binary=_binary(wire)))
 
 

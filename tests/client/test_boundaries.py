@@ -30,5 +30,5 @@ def test_the_client_and_the_commands_import_no_server_code() -> None:
 def test_check_shares_the_servers_validation() -> None:
     loaded = modules_after("from service.cli.main import run\nrun(['check'])")
     assert "service.config_check" in loaded
-    assert "service.registry.spec" in loaded
+    assert "service.specs.model" in loaded
     assert not [m for m in loaded if m.split(".")[0] in ("torch", "fastapi", "uvicorn")]
