@@ -44,8 +44,9 @@ def test_concurrent_async_calls_answer_as_the_sync_client(live: LiveServer) -> N
     labels, features = asyncio.run(go())
     assert labels == [str(i) for i in range(10)]
     with Client(live.base_url) as client:
-        for digit, mine in zip(DIGITS, features, strict=True):
-            np.testing.assert_array_equal(mine, client.activations("lenet", digit, ["fc2"]).output("fc2"))
+        for digit, mine in zip(DIGITS, features, strict=True):  # the server may have batched the concurrent ones
+            alone = client.activations("lenet", digit, ["fc2"]).output("fc2")
+            np.testing.assert_allclose(mine, alone, rtol=1e-5, atol=1e-5)
         layers = client.layers("lenet")
 
     async def introspect() -> list[Layer]:

@@ -25,6 +25,8 @@ from service.client.features.store import DirectoryBusy, DirectoryLock, digest
 from tests.client.servers import HELD_OUT, held_out_digits
 from tests.reliability.live_server import LiveServer
 
+TOLERANCE = 1e-5  # float32 results of the same input in batches of other sizes
+
 
 class Interrupt(Exception):
     """Stands for Ctrl-C at an arbitrary point of a run."""
@@ -93,8 +95,9 @@ def test_features_of_the_held_out_digits_equal_per_image_activations(
         names, features = read_features(tmp_path / "out", key)
         assert names == [str(p.as_posix()) for p, _ in digits]  # rows in file order
         for name, row in zip(names, features, strict=True):
-            # batches of 8 against batches of 1: the same kernels, so the same numbers
-            np.testing.assert_allclose(row, per_image[Path(name).name][key], rtol=1e-6, atol=1e-6)
+            # batches of 8 (which the server may merge further) against batches of 1: float32 sums in
+            # another order, so equal to a few ulps, not bit for bit
+            np.testing.assert_allclose(row, per_image[Path(name).name][key], rtol=TOLERANCE, atol=TOLERANCE)
     shard, row = index.locate(digits[123][0].as_posix()) or (-1, -1)
     assert (shard, row) == (1, 23)
 
@@ -143,8 +146,8 @@ def test_concurrent_interrupted_runs_resume_to_the_same_rows(
 ) -> None:
     """With requests in flight the shards finish out of order; the resumed result still matches.
 
-    Values are compared to 1e-6 rather than bit for bit: a server that batches concurrent
-    requests together may sum in another order.
+    Values are compared to TOLERANCE rather than bit for bit: the server batches concurrent
+    requests together, and a batch of another size may sum in another order.
     """
     source = digits[0][0].parent
 
@@ -165,7 +168,7 @@ def test_concurrent_interrupted_runs_resume_to_the_same_rows(
     names_a, a = read_features(tmp_path / "whole")
     names_b, b = read_features(tmp_path / "parts")
     assert names_a == names_b
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=TOLERANCE, atol=TOLERANCE)
 
 
 def test_unreadable_files_are_reported_and_the_rest_extracted(
@@ -203,7 +206,7 @@ def test_unreadable_files_are_reported_and_the_rest_extracted(
     names, features = read_features(out)
     assert [Path(n).name for n in names] == [p.name for p, _ in digits[:20]]
     for name, row in zip(names, features, strict=True):  # good images that shared a batch with bad ones
-        np.testing.assert_allclose(row, per_image[Path(name).name]["fc1:input"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(row, per_image[Path(name).name]["fc1:input"], rtol=TOLERANCE, atol=TOLERANCE)
 
 
 def test_a_lost_shard_is_recomputed_alone(live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path) -> None:
