@@ -26,9 +26,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check service tests bench
-	$(VENV)/bin/ruff format --check service tests bench
-	$(VENV)/bin/mypy service bench tests
+	$(VENV)/bin/ruff check service tests bench examples
+	$(VENV)/bin/ruff format --check service tests bench examples
+	$(VENV)/bin/mypy service bench tests examples
 
 bench: $(STAMP)
 	$(PY) -m bench.run

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.features_report import section as features_section
 from bench.machine import NOISY_CORES
 
 Results = Mapping[str, Any]
@@ -258,6 +259,7 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         "quietest attempt. `batches` and `mean batch`: the server's prediction batches during the window "
         "(`hookserve_batch_size` in /metrics).",
     ]
+    parts += features_section(results)
     notes = results.get("notes")
     if notes:
         parts += ["", "## Notes", "", str(notes).strip()]

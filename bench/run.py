@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from bench import cluster, gpu, raw_torch
+from bench import cluster, features, gpu, raw_torch
 from bench.configs import SETUPS, Setup
 from bench.loadgen import CLIENTS, Client, LoadResult, format_result, measure
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
@@ -206,6 +206,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--json", type=Path, default=None, help="the results as JSON (default: beside the report, .json)")
     ap.add_argument("--notes", type=Path, default=None, help="Markdown to append to the report as its Notes")
+    ap.add_argument(
+        "--features-images", type=int, default=256, help="`hookserve features` point: copies of the JPEG (0 skips it)"
+    )
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
     ap.add_argument("--skip-cluster", action="store_true", help="no Ray Serve row (bench/cluster.py)")
     ap.add_argument(
@@ -217,6 +220,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.duration, args.raw_duration, args.retries = min(args.duration, 3.0), min(args.raw_duration, 3.0), 0
+        args.features_images = min(args.features_images, 64)
         args.idle_wait = min(args.idle_wait, 10.0)
     if args.out is None and not args.quick:
         args.out = HERE / ("RESULTS_GPU.md" if args.gpu else "RESULTS.md")
@@ -272,6 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 client=plan.client,
                 port=args.port,
             )
+        if args.features_images > 0:
+            log("hookserve features beside raw in-process feature extraction")
+            workdir = Path(tmp) / "features"
+            results["features"] = features.measure(args.features_images, workdir, idle_wait_s=plan.idle_wait_s, log=log)
     results["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     print()
     print(comparison_table(results))

@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 
 from service.api.observability import configure_logging
-from service.config import Settings
+from service.config_check import settings_or_exit
 from service.main import create_app
 
 
@@ -38,7 +38,7 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    settings = Settings(**parse_args(argv))  # flags win over the environment
+    settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(

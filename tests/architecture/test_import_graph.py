@@ -18,6 +18,7 @@ SERVICE = Path(__file__).resolve().parents[2] / "service"
 # Lowest first. A module belongs to the longest prefix listed; a module may import its own
 # layer and every layer below it.
 LAYERS: list[tuple[str, ...]] = [
+    ("service.client",),  # the HTTP client: below everything, so it can import nothing of the server
     ("service", "service.errors", "service.config", "service.specs", "service.openmp_env"),  # the leaf
     ("service.schemas", "service.dtypes"),  # request/response models (no torch); the dtype table
     ("service.introspection", "service.zoo"),  # pure torch functions on modules; models we ship
@@ -27,7 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.dataplane",),  # the façade
     ("service.api",),  # HTTP
     ("service.main",),
-    ("service.__main__", "service.zoo.train_lenet", "service.cluster"),  # entry points (cluster wraps the app)
+    # entry points: the server, the command line and its start-up checks, retraining the LeNet, the cluster
+    ("service.__main__", "service.zoo.train_lenet", "service.cli", "service.config_check", "service.cluster"),
 ]
 RANK = {prefix: rank for rank, prefixes in enumerate(LAYERS) for prefix in prefixes}
 

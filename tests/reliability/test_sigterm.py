@@ -86,7 +86,9 @@ def test_sigterm_cuts_jobs_past_the_grace_period(tmp_path: Path) -> None:
     assert "response" not in result or result["response"].status_code != 200
 
 
-def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """`python -m service` hands shutdown_grace_s (rounded up) to uvicorn and maps uvicorn's re-raised SIGTERM to 0."""
     seen: dict[str, Any] = {}
 
@@ -97,7 +99,8 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(monkeypatch:
     monkeypatch.setattr("service.__main__.uvicorn.run", fake_run)
     monkeypatch.setattr(entry, "configure_logging", lambda level: None)
     monkeypatch.setenv("HOOKSERVE_SHUTDOWN_GRACE_S", "2.5")
-    monkeypatch.setenv("HOOKSERVE_CONFIG", str(Path(__file__).with_name("no-such.toml")))
+    (tmp_path / "models.toml").write_text("")  # no models; start-up refuses a config file that is not there
+    monkeypatch.setenv("HOOKSERVE_CONFIG", str(tmp_path / "models.toml"))
     try:
         entry.main([])
         handler = seen["handler"]

@@ -1,0 +1,109 @@
+"""`hookserve features`: a data set's layer features into sharded safetensors, with a progress bar; resumable."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from service.cli.output import print_json
+from service.cli.remote import client_options, layer_list
+from service.client import AsyncClient, Retry
+from service.client.features import ExtractionReport, FeatureRequest, Progress, Shard, extract_features_async
+
+SHOWN_FAILURES = 20
+
+
+class Bar(Progress):
+    """A tqdm bar: images/s and ETA; files done by earlier runs count from the start."""
+
+    def __init__(self, enabled: bool | None) -> None:
+        self.enabled = enabled
+        self.bar: Any = None  # a tqdm bar once started
+
+    def start(self, total: int, done: int) -> None:
+        self.bar = tqdm(total=total, initial=done, unit="img", disable=self.enabled is False, dynamic_ncols=True)
+        if done:
+            self.bar.set_postfix_str(f"resumed after {done}")
+
+    def advance(self, images: int) -> None:
+        if self.bar is not None:
+            self.bar.update(images)
+
+    def shard_written(self, shard: Shard) -> None:
+        if self.bar is not None and shard.file is not None:
+            self.bar.set_postfix_str(f"wrote {shard.file}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def summary_lines(report: ExtractionReport) -> list[str]:
+    """What a person reads at the end: counts, speed, and every failed file (the first 20, then the report)."""
+    lines = [
+        f"{report.extracted} of {report.files} files have features in {report.out_dir} "
+        f"({report.shards_written} shards written now, {report.resumed} files from earlier runs; "
+        f"{report.images} files in {report.seconds:.1f} s, {report.images_per_s:.1f} images/s)"
+    ]
+    if report.failed:
+        lines.append(f"{len(report.failed)} files could not be used (listed in {report.out_dir / 'report.json'}):")
+        for name, why in list(report.failed.items())[:SHOWN_FAILURES]:
+            lines.append(f"  {name}: {why}")
+        if len(report.failed) > SHOWN_FAILURES:
+            lines.append(f"  ... and {len(report.failed) - SHOWN_FAILURES} more")
+    return lines
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    request = FeatureRequest(args.model, tuple(layer_list(args.layers)), args.capture, args.reduce)
+    bar = Bar(False if args.no_progress or args.json else None)
+
+    async def run() -> ExtractionReport:
+        async with AsyncClient(args.url, timeout=args.timeout, retry=Retry(max_retries=args.retries)) as client:
+            return await extract_features_async(
+                client,
+                args.sources,
+                args.out,
+                request,
+                concurrency=args.concurrency,
+                batch_size=args.batch_size,
+                shard_size=args.shard_size,
+                progress=bar,
+            )
+
+    try:
+        report = asyncio.run(run())
+    except KeyboardInterrupt:
+        bar.close()
+        print("interrupted; the shards written so far are kept: run the same command to resume", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print("\n".join(summary_lines(report)))
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    text = (
+        "features of layers for every image of directories or globs, into sharded safetensors files and an "
+        "index; rerun to resume"
+    )
+    p = commands.add_parser("features", parents=[client_options()], help=text, description=text)
+    p.add_argument("model")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="directories (walked recursively), files or globs")
+    p.add_argument("-l", "--layers", action="append", required=True, help="module paths or patterns (comma-separated)")
+    p.add_argument("-o", "--out", required=True, help="output directory (index.json, report.json, shards)")
+    p.add_argument("--capture", choices=["output", "input", "both"], default="output")
+    p.add_argument("--reduce", choices=["mean", "max", "flatten"], default=None)
+    p.add_argument("-c", "--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    p.add_argument("-b", "--batch-size", type=int, default=8, help="images per request (default 8)")
+    p.add_argument("--shard-size", type=int, default=1024, help="files per shard (default 1024)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off when stderr is no terminal)")
+    p.set_defaults(handler=cmd_features, timeout=300.0)

@@ -1,0 +1,98 @@
+"""The Python client of hookserve: tensors in, tensors out, over HTTP only.
+
+    from service.client import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        acts = client.activations("lenet", "service/zoo/samples/digit_7.png", ["conv1", "fc3"])
+        acts.output("conv1").shape          # (1, 6, 28, 28), a NumPy array
+        acts.to_torch().output("fc3")       # the same as a torch tensor
+
+Inputs are images (paths, bytes, PIL images) or preprocessed samples (NumPy arrays, torch
+tensors); tensors travel as safetensors (`wire="json"` for plain JSON). Failed calls raise
+`HookserveError` subclasses carrying `status` and the server's `detail`. The client never
+imports the server: it needs httpx, NumPy and Pillow (torch only for `to_torch()`).
+"""
+
+from __future__ import annotations
+
+from service.client.aio import AsyncClient
+from service.client.calls import DEFAULT, Wire
+from service.client.errors import (
+    BadRequest,
+    Conflict,
+    DeadlineExceeded,
+    Forbidden,
+    HookserveError,
+    InvalidRequest,
+    NotFound,
+    RequestTimeout,
+    ServerError,
+    ServiceUnavailable,
+    TooLarge,
+    TransportError,
+    Unauthorized,
+)
+from service.client.metadata import (
+    CheckpointInfo,
+    Health,
+    Layer,
+    ModelInfo,
+    OptimizerInfo,
+    StateDict,
+    StateDictEntry,
+    Summary,
+    SummaryRow,
+)
+from service.client.results import (
+    Activations,
+    ActivationStats,
+    ClassScore,
+    Gradients,
+    Prediction,
+    Predictions,
+    Saliency,
+    SaliencyMap,
+    TensorStats,
+)
+from service.client.retry import NO_RETRY, Retry
+from service.client.sync import Client
+
+__all__ = [
+    "DEFAULT",
+    "NO_RETRY",
+    "ActivationStats",
+    "Activations",
+    "AsyncClient",
+    "BadRequest",
+    "CheckpointInfo",
+    "ClassScore",
+    "Client",
+    "Conflict",
+    "DeadlineExceeded",
+    "Forbidden",
+    "Gradients",
+    "Health",
+    "HookserveError",
+    "InvalidRequest",
+    "Layer",
+    "ModelInfo",
+    "NotFound",
+    "OptimizerInfo",
+    "Prediction",
+    "Predictions",
+    "RequestTimeout",
+    "Retry",
+    "Saliency",
+    "SaliencyMap",
+    "ServerError",
+    "ServiceUnavailable",
+    "StateDict",
+    "StateDictEntry",
+    "Summary",
+    "SummaryRow",
+    "TensorStats",
+    "TooLarge",
+    "TransportError",
+    "Unauthorized",
+    "Wire",
+]

@@ -1,0 +1,226 @@
+"""What the model-running calls return: predictions, activations, gradients, saliency maps.
+
+Tensors are NumPy arrays; `to_torch()` gives the same result with torch tensors (sharing
+memory with the arrays, no copy). Field names follow the JSON answers of API.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from service.client.tensors import Array
+
+if TYPE_CHECKING:
+    import torch
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def _torch(array: Array) -> torch.Tensor:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    index: int
+    label: str
+    score: float  # softmax probability
+
+
+@dataclass(frozen=True)
+class Prediction:
+    top_k: list[ClassScore]
+    logits: list[float] | None = None
+
+    @property
+    def top1(self) -> ClassScore:
+        return self.top_k[0]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Prediction:
+        scores = [ClassScore(int(s["index"]), str(s["label"]), float(s["score"])) for s in data["top_k"]]
+        return cls(scores, data.get("logits"))
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """`POST /predict`: one `Prediction` per input, in input order."""
+
+    model: str
+    predictions: list[Prediction]
+
+    def labels(self) -> list[str]:
+        """The top-1 label of every input."""
+        return [p.top1.label for p in self.predictions]
+
+    def logits(self) -> Array:
+        """Every logit, `[N, K]` (needs `include_logits=True`)."""
+        if any(p.logits is None for p in self.predictions):
+            raise ValueError("no logits in this answer; call predict(..., include_logits=True)")
+        return np.asarray([p.logits for p in self.predictions], dtype=np.float32)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Predictions:
+        return cls(str(data["model"]), [Prediction.from_json(p) for p in data["predictions"]])
+
+
+def _predictions(data: Mapping[str, Any]) -> list[Prediction]:
+    return [Prediction.from_json(p) for p in data.get("predictions") or []]
+
+
+@dataclass(frozen=True)
+class Activations(Generic[A]):
+    """`POST /activations`: `tensors[layer][side]`, side "output" or "input", each `[N, ...]`."""
+
+    model: str
+    tensors: dict[str, dict[str, A]]
+    predictions: list[Prediction] = field(default_factory=list)
+
+    def output(self, layer: str) -> A:
+        return self._side(layer, "output")
+
+    def input(self, layer: str) -> A:
+        return self._side(layer, "input")
+
+    def _side(self, layer: str, side: str) -> A:
+        try:
+            return self.tensors[layer][side]
+        except KeyError:
+            raise KeyError(f"no {side} of {layer!r}; captured: {sorted(self.tensors)}") from None
+
+    def flat(self) -> dict[str, A]:
+        """Every tensor under its binary key, `"<layer>:<side>"` (as in the safetensors answer)."""
+        return {f"{layer}:{side}": t for layer, sides in self.tensors.items() for side, t in sides.items()}
+
+    def map(self, fn: Callable[[A], B]) -> Activations[B]:
+        tensors = {layer: {side: fn(t) for side, t in sides.items()} for layer, sides in self.tensors.items()}
+        return Activations(self.model, tensors, self.predictions)
+
+    def to_torch(self: Activations[Array]) -> Activations[torch.Tensor]:
+        return self.map(_torch)
+
+    @classmethod
+    def from_binary(cls, tensors: Mapping[str, Array], rest: Mapping[str, Any]) -> Activations[Array]:
+        nested: dict[str, dict[str, Array]] = {}
+        for key, array in tensors.items():
+            layer, _, side = key.rpartition(":")
+            nested.setdefault(layer, {})[side] = array
+        order = list(rest.get("activations") or nested)  # the answer's layer order (safetensors sorts keys)
+        ordered = {layer: nested[layer] for layer in order if layer in nested}
+        return Activations(str(rest["model"]), ordered, _predictions(rest))
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """`format=stats`: a tensor summarised (population std; None when not finite)."""
+
+    shape: list[int]
+    dtype: str
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    zero_fraction: float | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TensorStats:
+        return cls(
+            list(data["shape"]),
+            str(data["dtype"]),
+            *(data.get(k) for k in ("min", "max", "mean", "std", "zero_fraction")),
+        )
+
+
+@dataclass(frozen=True)
+class ActivationStats:
+    """`POST /activations` with `format=stats`: `stats[layer][side]`."""
+
+    model: str
+    stats: dict[str, dict[str, TensorStats]]
+    predictions: list[Prediction] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ActivationStats:
+        stats = {
+            layer: {side: TensorStats.from_json(s) for side, s in sides.items()}
+            for layer, sides in data["activations"].items()
+        }
+        return cls(str(data["model"]), stats, _predictions(data))
+
+
+@dataclass(frozen=True)
+class Gradients(Generic[A]):
+    """`POST /gradients`: d(target logit)/d(layer output) per layer, and d/d(input) under "input"."""
+
+    model: str
+    targets: list[int]
+    scores: list[float]
+    gradients: dict[str, A]
+
+    def map(self, fn: Callable[[A], B]) -> Gradients[B]:
+        return Gradients(self.model, self.targets, self.scores, {k: fn(v) for k, v in self.gradients.items()})
+
+    def to_torch(self: Gradients[Array]) -> Gradients[torch.Tensor]:
+        return self.map(_torch)
+
+
+@dataclass(frozen=True)
+class SaliencyMap(Generic[A]):
+    """One input's attribution (the sample's shape; `[h, w]` for gradcam) and heatmap `[H, W]` in [0, 1]."""
+
+    target: int
+    label: str
+    score: float  # the target's logit
+    probability: float
+    attribution: A
+    heatmap: A
+    convergence_delta: float | None = None
+
+
+@dataclass(frozen=True)
+class Saliency(Generic[A]):
+    """`POST /saliency`: one `SaliencyMap` per input."""
+
+    model: str
+    method: str
+    results: list[SaliencyMap[A]]
+
+    def map(self, fn: Callable[[A], B]) -> Saliency[B]:
+        results = [
+            SaliencyMap(
+                r.target, r.label, r.score, r.probability, fn(r.attribution), fn(r.heatmap), r.convergence_delta
+            )
+            for r in self.results
+        ]
+        return Saliency(self.model, self.method, results)
+
+    def to_torch(self: Saliency[Array]) -> Saliency[torch.Tensor]:
+        return self.map(_torch)
+
+    @classmethod
+    def build(
+        cls, data: Mapping[str, Any], arrays: Callable[[int, Mapping[str, Any]], tuple[Array, Array]]
+    ) -> Saliency[Array]:
+        """`arrays(i, result)` gives input i's (attribution, heatmap), from JSON or from the binary file."""
+        results = []
+        for i, item in enumerate(data["results"]):
+            attribution, heatmap = arrays(i, item)
+            results.append(
+                SaliencyMap(
+                    int(item["target"]),
+                    str(item["label"]),
+                    float(item["score"]),
+                    float(item["probability"]),
+                    attribution,
+                    heatmap,
+                    item.get("convergence_delta"),
+                )
+            )
+        return Saliency(str(data["model"]), str(data["method"]), results)
