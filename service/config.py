@@ -12,6 +12,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MiB = 1024 * 1024
 
 
+def _half_the_memory() -> int:
+    """Half of this machine's physical memory (the default budget of requests in flight)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 * 1024 * MiB
+    return max(1024 * MiB, total // 2)
+
+
 def _default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -58,6 +67,16 @@ class Settings(BaseSettings):
     max_smoothgrad_samples: int = 256
     ig_internal_batch_size: int = Field(64, description="Samples per IG forward/backward (memory bound).")
     smoothgrad_batch_size: int = Field(32, ge=1, description="Noisy SmoothGrad samples per forward (memory bound).")
+    max_request_memory_bytes: int = Field(
+        2048 * MiB,
+        description="Most memory one request may hold (inputs, forward, captures, graphs, answer), "
+        "estimated from the layer shapes before any work: 413 over it.",
+    )
+    memory_budget_bytes: int = Field(
+        default_factory=_half_the_memory,
+        description="Memory all requests in flight may hold together; a request that does not fit waits "
+        "(503 when max_queue already wait). Default: half the machine's memory.",
+    )
     max_upload_bytes: int = 2048 * MiB
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = 30.0

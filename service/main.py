@@ -18,6 +18,7 @@ from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import job_observer, removal_observer
 from service.api.observability import install_observability
 from service.api.openapi import install_openapi
+from service.api.reservations import ReleaseWhenAnsweredMiddleware
 from service.api.routes import (
     activations,
     checkpoints,
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_paths=UPLOAD_PATHS,
         envelopes={v2.PREFIX: v2.oip_error_body},
     )
+    app.add_middleware(ReleaseWhenAnsweredMiddleware)  # memory held for a request lasts until it is answered
     if settings.cors_origins:  # outside the body limit, so a browser can read its 413
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]

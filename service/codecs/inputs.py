@@ -9,7 +9,7 @@ import torch
 from service.codecs.device_images import is_jpeg, jpeg_to_tensor
 from service.codecs.images import image_to_tensor
 from service.codecs.tensors import decode_b64, tensor_from_payload
-from service.errors import InvalidField
+from service.errors import InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
 from service.schemas.common import InputItem
 
@@ -31,7 +31,7 @@ def decode_batch(
             elif item.tensor is not None:
                 t = item.tensor
                 tensor = tensor_from_payload(t.shape, t.dtype, t.data, t.b64, f"{where}.tensor")
-                samples.append(_check_tensor(tensor, model, where))
+                samples.append(_check_tensor(tensor, model, max_pixels, where))
     shapes = {tuple(s.shape) for s in samples}
     if len(shapes) > 1:
         raise InvalidField(f"inputs have different shapes {sorted(shapes)}; send one request per shape")
@@ -45,7 +45,7 @@ def _image(data: bytes, model: LoadedModel, max_pixels: int, where: str) -> torc
     return image_to_tensor(data, model.preprocess, model.channels, max_pixels, where)
 
 
-def _check_tensor(tensor: torch.Tensor, model: LoadedModel, where: str) -> torch.Tensor:
+def _check_tensor(tensor: torch.Tensor, model: LoadedModel, max_pixels: int, where: str) -> torch.Tensor:
     expected = model.input_size
     if tensor.ndim != len(expected):
         raise InvalidField(
@@ -54,6 +54,12 @@ def _check_tensor(tensor: torch.Tensor, model: LoadedModel, where: str) -> torch
         )
     if tensor.shape[0] != expected[0]:
         raise InvalidField(f"{where}.tensor has {tensor.shape[0]} channels; {model.name} needs {expected[0]}")
+    pixels = tensor[0].numel()
+    if tensor.ndim >= 3 and pixels > max_pixels:
+        raise TooLarge(
+            f"{where}.tensor has {pixels} pixels per channel, over the limit of {max_pixels} (max_image_pixels); "
+            "send a smaller input"
+        )
     if not tensor.is_floating_point():
         tensor = tensor.to(torch.float32)
     as_model = tensor if tensor.dtype == model.dtype else tensor.to(model.dtype)  # e.g. 1e300 overflows float32

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from service.dataplane.base import PlaneBase
+from service.dataplane.costs import ADVICE_GRADIENTS, ADVICE_SALIENCY, gradients_cost, saliency_cost
 from service.errors import InvalidField
 from service.introspection.attribution import MethodParams, SaliencyItem, method_named
 from service.introspection.gradients import GradientResult
@@ -46,7 +47,15 @@ class Attribution(PlaneBase):
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
         request = GradientsRunRequest(tuple(names), target, body.include_input)
-        result = await served.executor.submit(GRADIENTS, self.decode(body.inputs, images, model), request)
+        fmt = body.format.value
+        _, result = await self.run_admitted(
+            served,
+            GRADIENTS,
+            self.decode(body.inputs, images, model),
+            request=request,
+            estimate=lambda x, shapes: gradients_cost(x, shapes, names, body.include_input, fmt),
+            answer=(fmt, ADVICE_GRADIENTS),
+        )
         return Gradients(model.name, result)
 
     async def saliency(self, body: SaliencyCommon, images: Sequence[bytes] | None) -> Saliency:
@@ -60,7 +69,16 @@ class Attribution(PlaneBase):
         params = method.resolve_layers(body, model.layer_names)
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
-        inputs = await self.decode(body.inputs, images, model)
         request = SaliencyRunRequest(params, target)
-        items = await served.executor.submit(self.saliency_runner, inputs, request)
+        source = method.graph_from(params, model.module)
+        chunk = method.chunk(params, self.settings)
+        fmt = body.format.value
+        inputs, items = await self.run_admitted(
+            served,
+            self.saliency_runner,
+            self.decode(body.inputs, images, model),
+            request=request,
+            estimate=lambda x, shapes: saliency_cost(x, shapes, chunk, source, fmt),
+            answer=(fmt, ADVICE_SALIENCY),
+        )
         return Saliency(model, method.name, inputs, items)

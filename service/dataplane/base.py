@@ -1,18 +1,23 @@
-"""What every part of the data plane shares: settings, the fleet, the decode pool, ready-model lookup."""
+"""What every part of the data plane shares: settings, the fleet, the decode pool, ready-model lookup,
+and admission: a model-running request is decoded, costed and admitted before it is queued."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from service.codecs.inputs import decode_batch
 from service.config import Settings
+from service.dataplane.costs import Estimate, check_answer
+from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
+from service.runtime.admission import MemoryBudget
 from service.runtime.fleet import Fleet, ServedModel
+from service.runtime.runners.base import Runner
 from service.runtime.runners.saliency import SaliencyRunner
 from service.schemas.common import InputItem
 
@@ -27,6 +32,7 @@ class PlaneBase:
         self.fleet = fleet
         self.decode_pool = decode_pool
         self.saliency_runner = SaliencyRunner(settings)
+        self.budget = MemoryBudget(settings.memory_budget_bytes, settings.max_request_memory_bytes, settings.max_queue)
 
     def ready(self, name: str) -> ServedModel:
         """The ready model called `name` (404 unknown, 409 loading or failed)."""
@@ -41,3 +47,29 @@ class PlaneBase:
     async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the decode pool: image decoding, request parsing, encoding of large answers."""
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, fn, *args)
+
+    async def run_admitted(
+        self,
+        served: ServedModel,
+        runner: Runner[Any],
+        decoding: Awaitable[torch.Tensor],
+        *,
+        request: Any,
+        estimate: Callable[[torch.Tensor, LayerShapes], Estimate],
+        answer: tuple[str, str],
+    ) -> tuple[torch.Tensor, Any]:
+        """Decode, estimate the request's memory from the model's layer shapes, refuse it (413) or wait for
+        memory, then run it on the model's executor; returns the decoded inputs and the runner's answer.
+
+        `answer` is (format, advice): the answer's format, for its size limits, and what to ask for instead.
+        The request stays announced to a forming batch of its kind until it is queued, unless it must
+        wait for memory first.
+        """
+        fmt, advice = answer
+        with served.executor.arriving(runner.name) as arrival:
+            x = await decoding
+            found = estimate(x, served.model.layer_shapes.at(tuple(int(s) for s in x.shape[1:])))
+            self.budget.check(found.cost, advice)
+            check_answer(found, fmt, self.settings, advice)
+            async with self.budget.reserve(found.cost, advice, before_waiting=arrival.leave):
+                return x, await served.executor.submit(runner, x, request, arrival)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.dataplane.base import PlaneBase
+from service.dataplane.costs import ADVICE_PREDICT, predict_cost
 from service.introspection.predictions import require_class_scores, top_k_predictions
+from service.runtime.runners.predict import PREDICT
 from service.schemas.predict import PredictRequest
 
 
@@ -26,5 +28,12 @@ class Inference(PlaneBase):
             scores = require_class_scores(output, model.name)
             return top_k_predictions(scores, body.top_k, model.label, body.include_logits)
 
-        predictions = await served.executor.predict(self.decode(body.inputs, images, model), post)
+        _, predictions = await self.run_admitted(
+            served,
+            PREDICT,
+            self.decode(body.inputs, images, model),
+            request=post,
+            estimate=predict_cost,
+            answer=("json", ADVICE_PREDICT),
+        )
         return Predictions(model.name, predictions)

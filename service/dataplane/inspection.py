@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from service.dataplane.base import PlaneBase
+from service.dataplane.costs import ADVICE_ACTIVATIONS, activations_cost
 from service.introspection.capture import Captured
 from service.introspection.layers import resolve_layers
 from service.introspection.predictions import top_k_predictions
@@ -30,8 +31,15 @@ class Inspection(PlaneBase):
         model = served.model
         names = resolve_layers(model.layer_names, body.layers, self.settings.max_layers)
         request = CaptureRequest(tuple(names), body.capture, body.reduce)
-        found: CaptureResult = await served.executor.submit(
-            ACTIVATIONS, self.decode(body.inputs, images, model), request
+        fmt = body.format.value
+        found: CaptureResult
+        _, found = await self.run_admitted(
+            served,
+            ACTIVATIONS,
+            self.decode(body.inputs, images, model),
+            request=request,
+            estimate=lambda x, shapes: activations_cost(x, shapes, request, fmt),
+            answer=(fmt, ADVICE_ACTIVATIONS),
         )
         output = found.output
         predictions = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from service.introspection.shapes import LayerShapes
 from service.specs.model import ModelSpec, PreprocessSpec
 
 
@@ -28,6 +29,7 @@ class LoadedModel:
     trainable_parameters: int
     text: str = field(repr=False)
     layer_names: tuple[str, ...] = field(default=(), repr=False)  # module paths, named_modules() order
+    layer_shapes: LayerShapes = field(default_factory=LayerShapes, repr=False)  # at input_size: costs of requests
     channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
     fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
     prediction_path: str = "eager"  # what `fast` is: "fused", "compiled", "fused+compiled"; "eager" when None

@@ -13,6 +13,7 @@ from torch import nn
 from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
 from service.introspection.layers import module_names
+from service.introspection.shapes import probe_shapes
 from service.registry.devices import pick_device
 from service.registry.fast_path import Placement, prediction_path
 from service.registry.labels import read_labels
@@ -73,7 +74,9 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         ) from None
     if labels is not None and num_classes is not None and len(labels) != num_classes:
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
-    path = prediction_path(spec, module, Placement(input_size, device, dtype, channels_last))
+    placement = Placement(input_size, device, dtype, channels_last)
+    shapes = probe_shapes(module, placement.probe(1), module)
+    path = prediction_path(spec, module, placement)
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -90,6 +93,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         text=repr(module),
         layer_names=tuple(module_names(module)),
+        layer_shapes=shapes,
         fast=path.module,
         prediction_path=path.name,
         channels_last=channels_last,

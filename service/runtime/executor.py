@@ -74,6 +74,21 @@ class _Work:
     request: Any
 
 
+class Arrival:
+    """A request announced to its model's scheduler; `leave()` (idempotent) withdraws it."""
+
+    def __init__(self, scheduler: Scheduler, kind: str) -> None:
+        self._scheduler = scheduler
+        self._kind = kind
+        self._here = True
+        scheduler.announce(kind)
+
+    def leave(self) -> None:
+        if self._here:
+            self._here = False
+            self._scheduler.withdraw(self._kind)
+
+
 _KINDS = {
     Access.FAST: JobKind.predict,
     Access.EAGER_SHARED: JobKind.predict,
@@ -123,17 +138,31 @@ class ModelExecutor:
         """
         return await self.submit(PREDICT, inputs, post)
 
-    async def submit(self, runner: Runner[Any], inputs: torch.Tensor | Awaitable[torch.Tensor], request: Any) -> Any:
-        """Run `request` on `inputs` [N, ...] with `runner`, batched with other requests of the same key."""
+    async def submit(
+        self,
+        runner: Runner[Any],
+        inputs: torch.Tensor | Awaitable[torch.Tensor],
+        request: Any,
+        arrival: Arrival | None = None,
+    ) -> Any:
+        """Run `request` on `inputs` [N, ...] with `runner`, batched with other requests of the same key.
+
+        An awaitable `inputs` (the request's decoding) is announced while it runs; so is a
+        request whose `arrival` (from `arriving`) is still open, until it is queued here.
+        """
         future: Future[Any] = Future()
         if isinstance(inputs, torch.Tensor):
             job = self._job(future, runner, inputs, request)
-            self._scheduler.put(job)
+            try:
+                self._scheduler.put(job)
+            finally:
+                if arrival is not None:
+                    arrival.leave()
         else:
-            with self._announced(runner.name):
+            with self.arriving(runner.name):
                 job = self._job(future, runner, await inputs, request)
                 self._scheduler.put(job)
-        return await self._wait(future)
+        return await self._wait(future, job)
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread holding the eager module alone (hooks allowed)."""
@@ -158,15 +187,16 @@ class ModelExecutor:
         return Job(future, access, key, int(inputs.shape[0]), runner.name, _Work(runner, inputs, request))
 
     @contextmanager
-    def _announced(self, kind: str) -> Iterator[None]:
-        """Count a request being decoded (a forming batch may wait for it) until it is queued or fails."""
-        self._scheduler.announce(kind)
+    def arriving(self, kind: str) -> Iterator[Arrival]:
+        """Announce a request of `kind` being prepared (a forming batch may wait for it) until it is
+        queued, it fails, or it calls `leave()` (to wait for something else first)."""
+        arrival = Arrival(self._scheduler, kind)
         try:
-            yield
+            yield arrival
         finally:
-            self._scheduler.withdraw(kind)
+            arrival.leave()
 
-    async def _wait(self, future: Future[T]) -> T:
+    async def _wait(self, future: Future[T], job: Job | None = None) -> T:
         """Await a job within the deadline; a job still queued at the deadline never runs."""
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s)

@@ -126,6 +126,13 @@ class LiveServer:
             time.sleep(0.1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
 
+    def peak_rss_bytes(self) -> int:
+        """The server process's peak resident memory so far (Linux `VmHWM`)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc/<pid>/status")
+
     def signal(self, sig: signal.Signals) -> None:
         assert self.process is not None, "server not started"
         self.process.send_signal(sig)

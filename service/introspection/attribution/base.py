@@ -90,6 +90,11 @@ class AttributionMethod(Generic[P]):
         """Requests whose keys are equal can share one batch; the parameters that must then agree."""
         return ()
 
+    def chunk(self, params: P, settings: Settings) -> int:
+        """How many inputs (or noisy or interpolated copies) one forward of `attribute` sees at most (for
+        its memory estimate); methods that differentiate one graph see the whole batch."""
+        return 1
+
     def graph_from(self, params: P, model: nn.Module) -> str | None:
         """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""
         return None

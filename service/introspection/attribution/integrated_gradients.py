@@ -45,6 +45,9 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
         if params.steps > settings.max_ig_steps:
             raise InvalidField(f"steps {params.steps} is over the limit of {settings.max_ig_steps} (max_ig_steps)")
 
+    def chunk(self, params: IntegratedGradientsParams, settings: Settings) -> int:
+        return settings.ig_internal_batch_size
+
     def batch_key(self, params: IntegratedGradientsParams) -> Hashable:
         return params.steps, params.baseline
 

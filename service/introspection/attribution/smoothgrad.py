@@ -48,6 +48,9 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
                 "(max_smoothgrad_samples)"
             )
 
+    def chunk(self, params: SmoothGradParams, settings: Settings) -> int:
+        return min(params.samples, settings.smoothgrad_batch_size)
+
     def attribute(
         self,
         model: nn.Module,

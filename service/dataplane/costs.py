@@ -1,0 +1,126 @@
+"""What a request will hold in memory, from the model's layer shapes at its input size, before any work.
+
+Estimates, on purpose generous: the decoded inputs; a forward's live activations (a layer's
+input and output at the widest layer); what is captured (every requested key and side,
+before any reduction); what autograd keeps (every layer output from where the graph starts);
+and the answer in its format (JSON numbers take about 12 bytes each). A request is refused or
+made to wait on these numbers; the answer limits are checked on them too, so a 413 for an
+answer too large comes before the forward, not after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from service.codecs.tensors import json_size_lower_bound
+from service.config import Settings
+from service.errors import TooLarge
+from service.introspection.shapes import LayerShapes
+from service.runtime.admission import Cost
+from service.runtime.runners.activations import CaptureRequest
+from service.specs.vocab import Capture
+
+JSON_BYTES_PER_NUMBER = 12  # "-0.12345678," as orjson writes a float32
+_SIDES = {Capture.output: ("output",), Capture.input: ("input",), Capture.both: ("input", "output")}
+
+ADVICE_ACTIVATIONS = "ask for fewer layers or inputs, a reduce (mean/max), format=stats, or a smaller input"
+ADVICE_GRADIENTS = "ask for fewer layers or inputs, include_input=false, or a smaller input"
+ADVICE_SALIENCY = "send fewer or smaller inputs, or lower steps/samples"
+ADVICE_PREDICT = "send fewer or smaller inputs"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A request's memory, and the size of the tensors its answer will carry (for the answer limits)."""
+
+    cost: Cost
+    answer_numel: int = 0
+    answer_bytes: int = 0
+
+
+def inputs_bytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def forward_bytes(shapes: LayerShapes, n: int) -> int:
+    """A plain forward's live activations: about a layer's input and output at the widest layer."""
+    return 2 * n * shapes.largest_output_bytes()
+
+
+def graph_bytes(shapes: LayerShapes, n: int, start_keys: Sequence[str] | None) -> int:
+    """What autograd keeps for a backward: every layer output from the first of `start_keys` on
+    (None: from the input, every layer)."""
+    keys = list(shapes.outputs)
+    if start_keys:
+        first = min((keys.index(k) for k in start_keys if k in keys), default=0)
+        keys = keys[first:]
+    return n * shapes.output_bytes(keys)
+
+
+def predict_cost(x: torch.Tensor, shapes: LayerShapes) -> Estimate:
+    n = int(x.shape[0])
+    return Estimate(Cost({"inputs": inputs_bytes(x), "forward": forward_bytes(shapes, n)}))
+
+
+def activations_cost(x: torch.Tensor, shapes: LayerShapes, request: CaptureRequest, fmt: str) -> Estimate:
+    n = int(x.shape[0])
+    keys = shapes.keys_of(request.layers)
+    sides = _SIDES[request.capture]
+    reduced = request.reduce is not None
+    numel = n * shapes.numel(keys, sides)
+    captured = n * sum((shapes.output_bytes(keys) if side == "output" else shapes.input_bytes(keys)) for side in sides)
+    carried = not reduced and fmt not in ("stats", "png")
+    answer = _answer_bytes(numel, captured, fmt) if carried else 0
+    parts = {"inputs": inputs_bytes(x), "forward": forward_bytes(shapes, n), "captures": captured, "answer": answer}
+    return Estimate(Cost(parts), numel if carried else 0, captured if carried else 0)
+
+
+def gradients_cost(
+    x: torch.Tensor, shapes: LayerShapes, layers: Sequence[str], include_input: bool, fmt: str
+) -> Estimate:
+    n = int(x.shape[0])
+    keys = shapes.keys_of(tuple(layers))
+    grads = n * shapes.output_bytes(keys) + (inputs_bytes(x) if include_input else 0)
+    graph = graph_bytes(shapes, n, None if include_input else keys)
+    numel = n * shapes.numel(keys, ("output",)) + (x.numel() if include_input else 0)
+    parts = {"inputs": inputs_bytes(x), "graph": graph, "gradients": grads, "answer": _answer_bytes(numel, grads, fmt)}
+    return Estimate(Cost(parts), numel, grads)
+
+
+def saliency_cost(x: torch.Tensor, shapes: LayerShapes, chunk: int, graph_from: str | None, fmt: str) -> Estimate:
+    """`chunk`: inputs (or noisy/interpolated copies) one forward sees; `graph_from`: a layer, "" for the
+    input, None for methods that differentiate from the input in chunks (their own forwards)."""
+    n = int(x.shape[0])
+    if graph_from is None:
+        graph = graph_bytes(shapes, max(1, chunk), None)
+    else:
+        graph = graph_bytes(shapes, n, [graph_from] if graph_from else None)
+    attribution = 2 * inputs_bytes(x)  # the attributions and their input-sized heatmaps
+    numel = 2 * x.numel()
+    carried = fmt != "png"
+    answer = _answer_bytes(numel, attribution, fmt) if carried else 0
+    parts = {"inputs": inputs_bytes(x), "graph": graph, "attributions": attribution, "answer": answer}
+    return Estimate(Cost(parts), numel if carried else 0, attribution if carried else 0)
+
+
+def check_answer(estimate: Estimate, fmt: str, settings: Settings, advice: str) -> None:
+    """The answer-size limits, checked on the estimate before any work (JSON by its smallest possible size)."""
+    if fmt == "json" and json_size_lower_bound(estimate.answer_numel) > settings.max_json_response_bytes:
+        raise TooLarge(
+            f"the JSON answer would exceed the {settings.max_json_response_bytes}-byte limit "
+            f"(max_json_response_bytes); {advice}, or a binary format (safetensors/npz)"
+        )
+    if fmt in ("safetensors", "npz") and estimate.answer_bytes > settings.max_binary_response_bytes:
+        raise TooLarge(
+            f"the binary answer would be {estimate.answer_bytes} bytes, over the "
+            f"{settings.max_binary_response_bytes}-byte limit (max_binary_response_bytes); {advice}"
+        )
+
+
+def _answer_bytes(numel: int, raw: int, fmt: str) -> int:
+    if fmt == "json":
+        return numel * JSON_BYTES_PER_NUMBER
+    return raw

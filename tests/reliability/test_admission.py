@@ -1,0 +1,176 @@
+"""Admission by cost: a request's memory is estimated from the layer shapes before any work; over a bound it
+is a 413 before the forward, and requests that do not fit together wait for each other instead of piling up."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI
+
+from service.config import Settings
+from service.main import create_app
+from tests.conftest import ClientFactory, tensor_input
+from tests.reliability.live_server import LiveServer
+
+MIB = 1024 * 1024
+
+GATE_PY = '''
+import threading
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    """A wide conv (its feature maps make captures large) whose forward can be held at a gate; counts forwards."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 64, 3, padding=1)
+        self.fc = nn.Linear(64, 4)
+        self.forwards = 0
+        self.open = threading.Event()
+        self.open.set()
+        self.entered = threading.Semaphore(0)
+
+    def forward(self, x):
+        self.forwards += 1
+        self.entered.release()
+        assert self.open.wait(120), "the test never opened the gate"
+        return self.fc(self.conv(x).mean((2, 3)))
+'''
+
+CONFIG = """
+[[models]]
+name = "gate"
+source = "python"
+architecture = "gate.py:Gate"
+input_size = [3, 32, 32]
+max_batch_size = 1
+"""
+
+
+def gate_client(make_client: ClientFactory, tmp_path: Path, **settings: Any) -> Any:
+    (tmp_path / "gate.py").write_text(GATE_PY)
+    return make_client(CONFIG, **settings)
+
+
+def gate_of(client: Any) -> Any:
+    return client.app.state.hookserve.fleet.ready("gate").model.module
+
+
+def x(side: int = 32, n: int = 1) -> list[dict[str, Any]]:
+    return [tensor_input(t) for t in torch.rand(n, 3, side, side, generator=torch.Generator().manual_seed(0))]
+
+
+def test_a_request_over_the_per_request_bound_is_refused_before_any_forward(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    client = gate_client(make_client, tmp_path, max_request_memory_bytes=4 * MIB)
+    gate = gate_of(client)
+    before = gate.forwards
+    small = client.post("/activations", json={"model": "gate", "inputs": x(), "layers": ["conv"], "reduce": "mean"})
+    assert small.status_code == 200, small.text
+    assert gate.forwards == before + 1
+    # 8 inputs of 64x64: the conv output alone is 8 * 64 * 64 * 64 * 4 B = 8 MiB, both sides captured
+    big = {"model": "gate", "inputs": x(64, 8), "layers": ["*"], "capture": "both", "format": "safetensors"}
+    response = client.post("/activations", json=big)
+    assert response.status_code == 413, response.text
+    detail = response.json()["detail"]
+    assert "max_request_memory_bytes" in detail
+    assert "captures" in detail  # what the memory is for
+    assert "reduce" in detail  # and what to ask for instead
+    assert gate.forwards == before + 1  # refused before any forward
+
+
+def test_an_answer_over_its_limit_is_refused_before_the_forward(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = gate_client(make_client, tmp_path, max_binary_response_bytes=100_000, max_json_response_bytes=100_000)
+    gate = gate_of(client)
+    before = gate.forwards
+    for fmt, setting in (("safetensors", "max_binary_response_bytes"), ("json", "max_json_response_bytes")):
+        body = {"model": "gate", "inputs": x(), "layers": ["conv"], "format": fmt}
+        response = client.post("/activations", json=body)
+        assert response.status_code == 413, response.text
+        assert setting in response.json()["detail"]
+    assert gate.forwards == before
+
+
+def test_tensor_inputs_have_a_pixel_bound_like_images(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = gate_client(make_client, tmp_path, max_image_pixels=1000)
+    response = client.post("/predict", json={"model": "gate", "inputs": x(40)})
+    assert response.status_code == 413
+    assert "max_image_pixels" in response.json()["detail"]
+    assert client.post("/predict", json={"model": "gate", "inputs": x(16)}).status_code == 200
+
+
+@asynccontextmanager
+async def serve(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    (tmp_path / "gate.py").write_text(GATE_PY)
+    (tmp_path / "models.toml").write_text(CONFIG)
+    app = create_app(Settings(model_dir=tmp_path, config=tmp_path / "models.toml", **settings))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while (await client.get("/models/gate")).json()["status"] == "loading":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            yield app, client
+
+
+def test_requests_that_do_not_fit_together_wait_in_turn_and_a_full_wait_is_503(tmp_path: Path) -> None:
+    """A budget that holds one capture at a time: the second waits for the first, the third is told to retry."""
+    body = {"model": "gate", "inputs": x(64, 2), "layers": ["conv"], "format": "safetensors"}
+
+    async def scenario() -> None:
+        async with serve(tmp_path, memory_budget_bytes=12 * MIB, max_queue=1, worker_threads=2) as (app, client):
+            gate = app.state.hookserve.fleet.ready("gate").model.module
+            budget = app.state.hookserve.plane.budget
+            gate.entered = threading.Semaphore(0)  # forget the forwards of loading
+            started = gate.forwards
+            gate.open.clear()
+            first = asyncio.ensure_future(client.post("/activations", json=body))
+            await asyncio.to_thread(gate.entered.acquire)  # the first is in its forward, holding its memory
+            second = asyncio.ensure_future(client.post("/activations", json=body))
+            while not budget._waiting:  # the second waits for memory, not for a worker
+                await asyncio.sleep(0.01)
+            third = await client.post("/activations", json=body)
+            assert third.status_code == 503
+            assert "retry-after" in third.headers
+            assert "memory" in third.json()["detail"]
+            assert gate.forwards == started + 1  # the first request's: the second has not started
+            gate.open.set()
+            assert (await first).status_code == 200
+            assert (await second).status_code == 200
+            assert budget.in_use == 0  # everything given back once answered
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_the_issues_huge_request_is_refused_fast_and_memory_stays_bounded(tmp_path: Path) -> None:
+    """64 base64 float32 inputs, every layer, both sides, safetensors on resnet18 (issue 13's first case)."""
+    with LiveServer(tmp_path, None) as server:
+        peak = server.peak_rss_bytes()
+        tensor = torch.rand(3, 224, 224, generator=torch.Generator().manual_seed(0))
+        body = {
+            "model": "resnet18",
+            "inputs": [tensor_input(tensor, as_b64=True)] * 64,
+            "layers": ["*"],
+            "capture": "both",
+            "format": "safetensors",
+        }
+        response = httpx.post(f"{server.base_url}/activations", json=body, timeout=120)
+        assert response.status_code == 413, response.text[:300]
+        assert "max_request_memory_bytes" in response.json()["detail"]
+        grown = server.peak_rss_bytes() - peak
+        assert grown < 1024 * MIB, f"peak RSS grew by {grown / MIB:.0f} MiB"  # it captured 4.7 GB before
