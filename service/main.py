@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
 from service.api.deps import AppState
+from service.api.disconnect import CancelOnDisconnectMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import job_observer, removal_observer
@@ -51,6 +52,14 @@ batching, per-layer activations from request-scoped hooks, gradients and salienc
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
+MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/interventions")
+
+
+def runs_a_model(path: str) -> bool:
+    """The POST paths whose work a client's leaving should cancel."""
+    return path in MODEL_RUNNING_PATHS or (path.startswith(f"{v2.PREFIX}/models/") and path.endswith("/infer"))
+
+
 ROUTERS = (
     health.router,
     models.router,
@@ -119,6 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_paths=UPLOAD_PATHS,
         envelopes={v2.PREFIX: v2.oip_error_body},
     )
+    app.add_middleware(CancelOnDisconnectMiddleware, watched=runs_a_model)  # a client leaving abandons its job
     app.add_middleware(ReleaseWhenAnsweredMiddleware)  # memory held for a request lasts until it is answered
     if settings.cors_origins:  # outside the body limit, so a browser can read its 413
         app.add_middleware(

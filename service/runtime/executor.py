@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 
 from service.errors import DeadlineExceeded, HookserveError, Unavailable
+from service.introspection.hooks import HookScope
 from service.registry.loaded import LoadedModel
 from service.runtime.jobs import JobKind
 from service.runtime.runners.base import Runner
@@ -167,14 +168,16 @@ class ModelExecutor:
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread holding the eager module alone (hooks allowed)."""
         future: Future[T] = Future()
-        self._scheduler.put(Job(future, Access.EAGER_EXCLUSIVE, kind="exclusive", payload=fn, size=0))
-        return await self._wait(future)
+        job = Job(future, Access.EAGER_EXCLUSIVE, kind="exclusive", payload=fn, size=0)
+        self._scheduler.put(job)
+        return await self._wait(future, job)
 
     async def run_shared(self, fn: Callable[[], T]) -> T:
         """Run `fn` on a worker thread; it only reads parameters and metadata (no forward, no hooks)."""
         future: Future[T] = Future()
-        self._scheduler.put(Job(future, Access.READ, kind="shared", payload=fn, size=0))
-        return await self._wait(future)
+        job = Job(future, Access.READ, kind="shared", payload=fn, size=0)
+        self._scheduler.put(job)
+        return await self._wait(future, job)
 
     def _job(self, future: Future[Any], runner: Runner[Any], inputs: torch.Tensor, request: Any) -> Job:
         if runner.hooked:
@@ -197,10 +200,17 @@ class ModelExecutor:
             arrival.leave()
 
     async def _wait(self, future: Future[T], job: Job | None = None) -> T:
-        """Await a job within the deadline; a job still queued at the deadline never runs."""
+        """Await a job within the deadline; a job given up on (deadline, or its client left) is abandoned:
+        dropped while queued, stopped at its next forward while running (when all of its batch left)."""
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s)
+        except asyncio.CancelledError:
+            if job is not None:
+                job.abandon()
+            raise
         except TimeoutError:
+            if job is not None:
+                job.abandon()
             stage = "running (its result was dropped)" if future.running() else "queued (it will not run)"
             raise DeadlineExceeded(
                 f"the {self.config.timeout_s:g} s deadline (request_timeout_s) passed while the job was {stage}; "
@@ -233,8 +243,11 @@ class ModelExecutor:
                     self._running -= 1
                 self._scheduler.done(batch)
 
-    def _call(self, fn: Callable[[], T]) -> tuple[T, float]:
-        """Run `fn` (CPU models within the thread budget; GPU models on this thread); its result and start."""
+    def _call(self, fn: Callable[[], T], wide: bool = True) -> tuple[T, float]:
+        """Run `fn` (CPU models within the thread budget; GPU models on this thread); its result and start.
+
+        `wide`: the work may take every core when it runs alone; long work (many forwards) never does,
+        so it cannot hold another model's requests back for its whole length."""
         began = 0.0
 
         def timed() -> T:
@@ -242,7 +255,8 @@ class ModelExecutor:
             began = time.perf_counter()
             return fn()
 
-        result = self._budget.run(timed, self._alone) if self._uses_cpu_threads else timed()
+        alone = self._alone if wide else _never
+        result = self._budget.run(timed, alone) if self._uses_cpu_threads else timed()
         return result, began
 
     def _run(self, batch: Batch) -> None:
@@ -252,7 +266,7 @@ class ModelExecutor:
             self._run_function(jobs[0], kind)
             return
         try:
-            answers, began = self._call(lambda: self._answers([job.payload for job in jobs]))
+            answers, began = self._call(lambda: self._answers(jobs), wide=_wide_ok(jobs))
         except BaseException as exc:
             if len(jobs) > 1 and not isinstance(exc, torch.OutOfMemoryError):
                 self._run_alone(jobs, kind)  # one request's failure must not decide the others'
@@ -273,7 +287,7 @@ class ModelExecutor:
         """Each job of a failed batch once more, by itself."""
         for job in jobs:
             try:
-                answers, began = self._call(lambda job=job: self._answers([job.payload]))  # type: ignore[misc]
+                answers, began = self._call(lambda job=job: self._answers([job]), wide=_wide_ok([job]))  # type: ignore[misc]
             except BaseException as exc:
                 job.future.set_exception(_domain_error(exc, self.model))
                 continue
@@ -284,8 +298,13 @@ class ModelExecutor:
             else:
                 job.future.set_result(answer)
 
-    def _answers(self, works: list[_Work]) -> list[Any]:
-        return works[0].runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
+    def _answers(self, jobs: list[Job]) -> list[Any]:
+        works: list[_Work] = [job.payload for job in jobs]
+        runner = works[0].runner
+        if not runner.hooked:
+            return runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
+        with stop_when_abandoned(self.model.module, jobs):
+            return runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
 
     def _run_function(self, job: Job, kind: JobKind) -> None:
         fn: Callable[[], Any] = job.payload
@@ -313,12 +332,40 @@ class ModelExecutor:
             self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
 
 
+def _never() -> bool:
+    return False
+
+
+def _wide_ok(jobs: list[Job]) -> bool:
+    works: list[_Work] = [job.payload for job in jobs]
+    return works[0].runner.short(works[0].request)
+
+
+class JobAbandoned(Exception):
+    """Every request of a running batch was given up on: the batch stops at its next forward."""
+
+
+@contextmanager
+def stop_when_abandoned(module: torch.nn.Module, jobs: list[Job]) -> Iterator[None]:
+    """Check, before each forward of the module (Captum's internal ones included), that someone still waits."""
+
+    def check(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if all(job.abandoned for job in jobs):
+            raise JobAbandoned(f"all {len(jobs)} requests of this batch were given up on")
+
+    with HookScope(module) as scope:
+        scope.add(module.register_forward_pre_hook(check))
+        yield
+
+
 def _domain_error(exc: BaseException, model: LoadedModel) -> BaseException:
     """Device OOM becomes a 503 (caches released); domain errors pass; anything else is logged."""
     if isinstance(exc, torch.OutOfMemoryError):
         release_device_memory(model.device)
         return Unavailable(f"device out of memory running {model.name}; retry with fewer inputs", retry_after=2)
-    if not isinstance(exc, HookserveError):
+    if isinstance(exc, JobAbandoned):
+        log.info("stopped an abandoned batch on %s", model.name)
+    elif not isinstance(exc, HookserveError):
         log.error("job on %s failed", model.name, exc_info=exc)
     return exc
 

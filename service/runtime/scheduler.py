@@ -57,11 +57,16 @@ class Job:
     kind: str = ""  # what it is (predict, hooked, shared...), for metrics and the announcements
     payload: Any = None  # what the executor needs to run it
     enqueued: float = field(default_factory=time.perf_counter)
+    left: bool = False  # its waiter gave up (deadline, or the client went away)
 
     @property
     def abandoned(self) -> bool:
-        """Nobody waits for the answer any more (cancelled by its client or its deadline)."""
-        return self.future.cancelled()
+        """Nobody waits for the answer any more: a queued one never runs, a running one stops at its next forward."""
+        return self.left or self.future.cancelled()
+
+    def abandon(self) -> None:
+        self.left = True
+        self.future.cancel()  # a queued job is dropped; a running one cannot be cancelled, `left` tells it
 
 
 @dataclass(eq=False)

@@ -90,6 +90,11 @@ class AttributionMethod(Generic[P]):
         """Requests whose keys are equal can share one batch; the parameters that must then agree."""
         return ()
 
+    @property
+    def many_forwards(self) -> bool:
+        """The method runs forwards of its own (`attribute`) rather than differentiating one graph."""
+        return type(self).graph_from is AttributionMethod.graph_from
+
     def chunk(self, params: P, settings: Settings) -> int:
         """How many inputs (or noisy or interpolated copies) one forward of `attribute` sees at most (for
         its memory estimate); methods that differentiate one graph see the whole batch."""

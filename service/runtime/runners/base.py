@@ -31,6 +31,10 @@ class Runner(Generic[R]):
         """Requests with equal keys (and equal sample shapes) may share one batch."""
         return ()
 
+    def short(self, request: R) -> bool:
+        """One forward (and backward) at most: alone, it may take every core."""
+        return True
+
     def run(self, model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[R]) -> list[Any]:
         raise NotImplementedError
 

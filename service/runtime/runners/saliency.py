@@ -36,6 +36,10 @@ class SaliencyRunner(Runner[SaliencyRequest]):
         method = method_named(request.params.method)
         return method.name, method.batch_key(request.params)
 
+    def short(self, request: SaliencyRequest) -> bool:
+        """Methods that run their own forwards (noise tunnels, path integrals) are long: never every core."""
+        return not method_named(request.params.method).many_forwards
+
     def run(self, model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[SaliencyRequest]) -> list[Any]:
         bounds = offsets(inputs)
 
