@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -23,6 +24,8 @@ from service.config import Settings
 from service.main import create_app
 from service.runtime.executor import ModelExecutor
 from tests.conftest import ClientFactory, b64, hooks, sample_png, wait_settled, write_lenet
+from tests.helpers.config import toy_entry
+from tests.helpers.serving import BodyMessages, uvicorn_thread
 from tests.reliability.live_server import slow_input, write_slow
 
 KiB = 1024
@@ -112,6 +115,30 @@ def test_body_over_limit_streamed_without_content_length(client: TestClient) -> 
     assert r.request.headers["transfer-encoding"] == "chunked"
     assert r.status_code == 413
     assert "max_body_bytes" in detail(r)
+
+
+def test_chunked_body_over_limit_through_uvicorn_counts_every_message(tmp_path: Path) -> None:
+    """A real server hands a streamed body to the app in many messages, each under the limit: only the
+    running total can tell that the body is over it (the TestClient above sends one message)."""
+    limit = 1024 * KiB  # uvicorn delivers at most ~64 KiB + one socket read (256 KiB) per message
+    (tmp_path / "models.toml").write_text(toy_entry("echo", "Echo"))
+    settings = Settings(model_dir=tmp_path, config=tmp_path / "models.toml", worker_threads=1, max_body_bytes=limit)
+    app = BodyMessages(create_app(settings))
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "echo", "inputs": ['
+        for _ in range(3 * limit // (64 * KiB)):
+            yield b" " * (64 * KiB)
+        yield b"]}"
+
+    with uvicorn_thread(app) as url:
+        r = httpx.post(f"{url}/predict", content=chunks(), headers={"content-type": "application/json"}, timeout=60)
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413, r.text
+    assert "max_body_bytes" in detail(r)
+    assert len(app.sizes) >= 2, app.sizes
+    assert max(app.sizes) < limit, app.sizes  # no single message was over the limit
+    assert sum(app.sizes) > limit
 
 
 def test_v2_body_limits_answer_in_the_protocols_error_shape(client: TestClient) -> None:

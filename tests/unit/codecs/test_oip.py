@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 from tritonclient.http import InferResult
-from tritonclient.utils import serialize_byte_tensor
+from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
 from service.codecs.oip import (
-    NUMPY_DTYPES,
     Datatype,
     bf16_bits_to_float32,
     decode_tensor,
@@ -83,13 +82,25 @@ def test_bytes_serialization_matches_tritonclient() -> None:
 # ---- decoding request tensors ---------------------------------------------------------------
 
 
+def reference_dtype(datatype: Datatype) -> np.dtype[Any]:
+    """The protocol's NumPy dtype by tritonclient, not by the table under test."""
+    dtype: np.dtype[Any] = np.dtype(triton_to_np_dtype(datatype.value))
+    return dtype
+
+
 def sample(datatype: Datatype) -> np.ndarray[Any, Any]:
+    """Negative values for signed types, values over the signed range for unsigned ones."""
     values = np.array([[0, 1, 2], [3, 4, 5]])
+    dtype = reference_dtype(datatype)
     if datatype is Datatype.BOOL:
         return np.asarray(values % 2 == 1)
     if datatype.value.startswith("INT"):
-        return (values - 3).astype(NUMPY_DTYPES[datatype])
-    return (values * 1.5 if datatype.value.startswith("FP") else values).astype(NUMPY_DTYPES[datatype])
+        return (values - 3).astype(dtype)
+    if datatype.value.startswith("UINT"):
+        high: np.ndarray[Any, Any] = values.astype(dtype) + dtype.type(np.iinfo(dtype).max - 5)
+        return high
+    floats: np.ndarray[Any, Any] = (values * 1.5).astype(dtype)
+    return floats
 
 
 @pytest.mark.parametrize("datatype", NUMERIC)
@@ -99,7 +110,7 @@ def test_decode_every_datatype(datatype: Datatype) -> None:
     nested = decode_tensor("x", [2, 3], datatype, expected.tolist(), None)
     flat = decode_tensor("x", [2, 3], datatype, expected.reshape(-1).tolist(), None)
     for got in (binary, nested, flat):
-        assert got.dtype == NUMPY_DTYPES[datatype]
+        assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
     assert binary.flags.writeable
 
