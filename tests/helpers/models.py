@@ -9,8 +9,10 @@ long as the test wants, without timing.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,8 +59,10 @@ class Gated(nn.Module):
         self.gate = GATES[gate]
         self.kind = kind
         self.scale = nn.Parameter(torch.ones(()))  # a parameter, so the model has a dtype and a device
+        self.body = nn.Identity()  # a layer for /activations to hook
 
     def forward(self, x: Tensor) -> Any:
+        x = self.body(x)
         self.gate.batch_sizes.append(int(x.shape[0]))
         if bool((x[:, 0] == HOLD).any()):
             self.gate.entered.set()
@@ -74,6 +78,33 @@ class Gated(nn.Module):
         if self.kind == "dict":
             return {"a": a, "b": b, "c": c}
         return a, {"b": b, "c": [c]}
+
+
+class FileGated(nn.Module):
+    """`Gated` for a server in another process: the gate is a path the test passes as the `gate` kwarg.
+
+    A batch holding a HOLD sample creates `<gate>.entered`, then waits until `<gate>.open`
+    exists (or `timeout_s` passes: then the forward fails). The answer is `2x + 1`.
+    """
+
+    def __init__(self, gate: str, timeout_s: float = 600.0) -> None:
+        super().__init__()
+        self.entered = Path(f"{gate}.entered")
+        self.open = Path(f"{gate}.open")
+        self.timeout_s = timeout_s
+        self.scale = nn.Parameter(torch.ones(()))
+        self.body = nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.body(x)
+        if bool((x[:, 0] == HOLD).any()):
+            self.entered.touch()
+            deadline = time.monotonic() + self.timeout_s
+            while not self.open.exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the test never opened the gate")
+                time.sleep(0.01)
+        return x * self.scale * 2 + 1
 
 
 # One constant row per dtype an answer can carry, at the edges of each type's range.
