@@ -43,6 +43,7 @@ NUMERIC = [d for d in Datatype if d not in (Datatype.BYTES, Datatype.BF16)]
         ("deflate", zlib.compress(PAYLOAD)),
         ("deflate", zlib.compress(PAYLOAD)[2:-4]),  # raw deflate, as some clients send it
     ],
+    ids=["none", "identity", "gzip", "GZIP", "deflate-zlib", "deflate-raw"],  # stable: gzip bytes hold the time
 )
 def test_decompress(encoding: str | None, packed: bytes) -> None:
     assert decompress(packed, encoding, len(PAYLOAD)) == PAYLOAD
@@ -128,14 +129,26 @@ def test_decode_size_mismatches() -> None:
         decode_tensor("x", [-1, 3], Datatype.FP32, [], None)
 
 
+def test_bytes_whose_last_element_is_empty() -> None:
+    """The last element's 4-byte length ends the data exactly (found by `make mutate`)."""
+    for items in ([b"a", b""], [b""]):
+        assert deserialize_bytes(serialize_bytes(items), "t") == items
+
+
+def test_a_zero_size_dimension_is_a_valid_shape() -> None:
+    """Only negative sizes are refused (found by `make mutate`); [2, 0] holds no values."""
+    assert decode_tensor("x", [2, 0], Datatype.FP32, [], None).shape == (2, 0)
+    assert decode_tensor("x", [0], Datatype.FP32, None, b"").shape == (0,)
+
+
 def test_decode_bytes() -> None:
     json_array = decode_tensor("x", [2, 1], Datatype.BYTES, [["ab"], ["ç"]], None)
     assert json_array.shape == (2, 1)
     assert json_array.reshape(-1).tolist() == [b"ab", "ç".encode()]
     binary = decode_tensor("x", [2], Datatype.BYTES, None, serialize_bytes([b"\x00\xff", b"z"]))
     assert binary.tolist() == [b"\x00\xff", b"z"]
-    with pytest.raises(InvalidField, match="3 BYTES elements; shape \\[2\\] needs 2"):
-        decode_tensor("x", [2], Datatype.BYTES, ["a", "b", "c"], None)
+    with pytest.raises(InvalidField, match=r"^in0: 3 BYTES elements; shape \[2\] needs 2"):
+        decode_tensor("in0", [2], Datatype.BYTES, ["a", "b", "c"], None)
     with pytest.raises(InvalidField, match="must be strings"):
         decode_tensor("x", [1], Datatype.BYTES, [1], None)
 
