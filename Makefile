@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 
-.PHONY: install run test test-fast lint bench clean
+.PHONY: install run test test-fast lint bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,12 +26,16 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check service tests bench examples
-	$(VENV)/bin/ruff format --check service tests bench examples
-	$(VENV)/bin/mypy service bench tests examples
+	$(VENV)/bin/ruff check service tests bench examples mutation
+	$(VENV)/bin/ruff format --check service tests bench examples mutation
+	$(VENV)/bin/mypy service bench tests examples mutation
 
 bench: $(STAMP)
 	$(PY) -m bench.run
 
+mutate: $(STAMP)  ## mutation testing (not part of test: ~30 min on 2 cores); writes mutation/REPORT.md
+	$(PIP) install --quiet -e ".[dev,mutate]"
+	$(PY) -m mutation.run $(MUTATE_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants

@@ -36,6 +36,7 @@ from tests.conftest import (
     wait_settled,
     write_lenet,
 )
+from tests.helpers.config import toy_entry
 
 # A python model (file.py:Class under the model dir): a layer returning a tuple, one taking two
 # positional tensors, and one that raises for huge inputs (a model bug, not a client mistake).
@@ -467,3 +468,25 @@ def test_client_failures_leave_no_hooks(builtin_client: TestClient) -> None:
         assert response.status_code == status, (body["layers"], response.text)
         assert "Traceback" not in response.text
         assert_no_hooks(builtin_client, "lenet")
+
+
+def test_a_reentrant_module_numbers_its_calls_in_the_order_they_begin(make_client: ClientFactory) -> None:
+    """`nest` calls itself twice over: the outermost call is `nest`, the innermost `nest#3`, although the
+    innermost returns first (`tests.helpers.models.Reentrant`)."""
+    client = make_client(toy_entry("reentrant", "Reentrant"))
+    x = torch.tensor([1.0, 2.0, -3.0, 0.5])
+    body = {"model": "reentrant", "inputs": [tensor_input(x)], "layers": ["nest"], "capture": "both"}
+    r = client.post("/activations", json=body)
+    assert r.status_code == 200, r.text
+    got = {key: {side: as_tensor(t)[0] for side, t in sides.items()} for key, sides in r.json()["activations"].items()}
+    assert got.keys() == {"nest", "nest#2", "nest#2.0", "nest#3", "nest#3.0"}  # inner calls also pass `depth`
+    assert torch.equal(got["nest"]["input"], x)
+    assert torch.equal(got["nest"]["output"], 8 * (x + 2))
+    assert torch.equal(got["nest#2.0"]["input"], x + 1)
+    assert torch.equal(got["nest#2"]["output"], 4 * (x + 2))
+    assert torch.equal(got["nest#3.0"]["input"], x + 2)
+    assert torch.equal(got["nest#3"]["output"], 2 * (x + 2))
+    tensor = {"name": "input__0", "shape": [1, 4], "datatype": "FP32", "data": x.tolist()}
+    v2 = client.post("/v2/models/reentrant/infer", json={"inputs": [tensor], "outputs": [{"name": "nest#2"}]})
+    assert v2.status_code == 200, v2.text
+    assert v2.json()["outputs"][0]["data"] == (4 * (x + 2)).tolist()

@@ -155,6 +155,25 @@ def test_path_under_model_dir_and_compare_to(client: TestClient, model_dir: Path
     assert response.status_code == 404
 
 
+@pytest.mark.parametrize("fmt", ["pickle", "safetensors"])
+def test_compare_to_reports_a_transposed_weight(client: TestClient, model_dir: Path, fmt: str) -> None:
+    """[120, 84] where the model has [84, 120]: the same element count, still a shape mismatch."""
+    sd = {k: v.clone() for k, v in LeNet().state_dict().items()}
+    sd["fc2.weight"] = sd["fc2.weight"].t().contiguous()
+    name = f"transposed.{'pt' if fmt == 'pickle' else 'safetensors'}"
+    if fmt == "pickle":
+        torch.save(sd, model_dir / name)
+    else:
+        save_file(sd, str(model_dir / name))
+    response = client.post("/checkpoints/inspect", json={"path": name}, params={"compare_to": "lenet"})
+    assert response.status_code == 200, response.text
+    assert response.json()["compare"] == {
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "shape_mismatches": [{"key": "fc2.weight", "checkpoint_shape": [120, 84], "model_shape": [84, 120]}],
+    }
+
+
 def test_paths_outside_the_model_dir_are_403(client: TestClient, model_dir: Path) -> None:
     outside = model_dir.parent / "outside.pt"
     torch.save({"w": torch.ones(1)}, outside)

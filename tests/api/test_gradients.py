@@ -29,6 +29,7 @@ from tests.conftest import (
     wait_settled,
     write_lenet,
 )
+from tests.helpers.config import toy_entry
 
 PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
@@ -308,3 +309,20 @@ class Probe(nn.Module):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return self.fc(torch.relu(self.conv(x)).flatten(1))
 '''
+
+
+def test_a_reentrant_module_numbers_its_calls_in_the_order_they_begin(make_client: ClientFactory) -> None:
+    """logits = nest = 2 nest#2 = 4 nest#3 (`tests.helpers.models.Reentrant`): the gradients are 1, 2 and 4 times
+    the target's one-hot, under the names of the calls in the order they began."""
+    client = make_client(toy_entry("reentrant", "Reentrant"))
+    x = torch.tensor([1.0, 2.0, -3.0, 0.5])
+    body = {"model": "reentrant", "inputs": [tensor_input(x)], "layers": ["nest"], "target": 1}
+    r = client.post("/gradients", json=body)
+    assert r.status_code == 200, r.text
+    got = {key: as_tensor(t)[0] for key, t in r.json()["gradients"].items()}
+    one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    assert got.keys() == {"nest", "nest#2", "nest#3", "input"}
+    assert torch.equal(got["nest"], one_hot)
+    assert torch.equal(got["nest#2"], 2 * one_hot)
+    assert torch.equal(got["nest#3"], 4 * one_hot)
+    assert torch.equal(got["input"], 8 * one_hot)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 import pytest
@@ -19,6 +21,10 @@ from service.config import Settings
 from service.main import create_app
 from service.runtime.executor import JobRecord
 from service.runtime.jobs import JobKind
+from tests.conftest import ClientFactory, tensor_input
+from tests.helpers.config import toy_entry
+from tests.helpers.held import hold_rows, queued_behind_hold
+from tests.helpers.models import WIDTH, new_gate
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -119,6 +125,35 @@ def test_predict_moves_request_latency_and_batch_metrics(client: TestClient) -> 
     bucket = "hookserve_batch_size_bucket"
     assert value(after, bucket, model="lenet", le="2.0") == value(before, bucket, model="lenet", le="2.0")
     assert value(after, bucket, model="lenet", le="4.0") - value(before, bucket, model="lenet", le="4.0") == 2
+
+
+def test_queue_depth_and_queue_wait_move_while_jobs_are_held_back(make_client: ClientFactory) -> None:
+    """Three predictions queue behind a held one: the depth gauge reads 1, 2, 3 (the helper waits for
+    each), and their measured queue wait is at least the time they were seen queued before the gate opened."""
+    key, gate = new_gate()
+    client = make_client(toy_entry("gated", "Gated", kwargs={"gate": key}, max_batch_size=1), worker_threads=1)
+
+    def predict(x: torch.Tensor) -> Any:
+        return client.post("/predict", json={"model": "gated", "inputs": [tensor_input(row) for row in x]})
+
+    before = scrape(client)
+    held = queued_behind_hold(
+        client, "gated", gate, partial(predict, hold_rows()), [partial(predict, torch.ones(1, WIDTH))] * 3
+    )
+    after = scrape(client)
+    assert [r.status_code for r in held.answers] == [200] * 3
+    assert value(after, "hookserve_queue_depth", model="gated") == 0
+    waits = "hookserve_job_queue_seconds"
+    assert (
+        value(after, f"{waits}_count", model="gated", kind="predict")
+        - value(before, f"{waits}_count", model="gated", kind="predict")
+        == 4
+    )
+    waited = value(after, f"{waits}_sum", model="gated", kind="predict") - value(
+        before, f"{waits}_sum", model="gated", kind="predict"
+    )
+    assert held.least_wait() > 0
+    assert waited >= held.least_wait()
 
 
 def test_hook_jobs_are_timed_as_exclusive(client: TestClient) -> None:

@@ -19,7 +19,9 @@ from torchvision.models import resnet18
 from service.config import Settings
 from service.main import create_app
 from service.zoo.lenet import LENET_INPUT_SIZE, LeNet, lenet_preprocess_spec
-from tests.conftest import tensor_input, wait_settled
+from tests.conftest import ClientFactory, tensor_input, wait_settled
+from tests.helpers.config import toy_entry
+from tests.helpers.models import PartlyFrozen
 
 INFO_KEYS = {
     "name",
@@ -395,3 +397,16 @@ def test_readyz_lists_the_failed_ones(client: TestClient) -> None:
     body = response.json()
     assert set(body["models"]) == set(BROKEN)
     assert all(entry["status"] == "failed" and entry["error"] for entry in body["models"].values())
+
+
+def test_a_partly_frozen_model_counts_only_its_trainable_parameters(make_client: ClientFactory) -> None:
+    client = make_client(toy_entry("frozen", "PartlyFrozen"))
+    info = client.get("/models/frozen").json()
+    assert info["status"] == "ready", info
+    assert info["num_parameters"] == PartlyFrozen.FROZEN + PartlyFrozen.TRAINABLE
+    assert info["trainable_parameters"] == PartlyFrozen.TRAINABLE
+    summary = client.get("/models/frozen/summary").json()
+    assert (summary["trainable_params"], summary["non_trainable_params"]) == (
+        PartlyFrozen.TRAINABLE,
+        PartlyFrozen.FROZEN,
+    )

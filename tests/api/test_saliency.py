@@ -21,6 +21,7 @@ from service.config import Settings
 from service.main import create_app
 from service.zoo.lenet import LENET_MEAN, LENET_STD, LeNet
 from tests.conftest import (
+    ClientFactory,
     as_tensor,
     b64,
     digit_pixels,
@@ -218,6 +219,26 @@ def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model
         else:
             assert "convergence_delta" not in result
     assert hooks(client, model_name) == 0
+
+
+PETS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+@pytest.mark.parametrize("method", ["gradient", "gradcam"])
+def test_a_target_label_is_resolved_with_the_models_labels(
+    make_client: ClientFactory, tmp_path: Path, method: str
+) -> None:
+    """Labels that are not digits: "seven" is class 7, and its map is class 7's map."""
+    (tmp_path / "pets.txt").write_text("\n".join(PETS) + "\n")
+    client = make_client(write_lenet(tmp_path, name="pets", labels="pets.txt"))
+    inputs = [tensor_input(digit_pixels(3)), tensor_input(digit_pixels(7))]
+    by_label = saliency(client, model="pets", inputs=inputs, method=method, target=["seven", "two"])
+    by_index = saliency(client, model="pets", inputs=inputs, method=method, target=[7, 2])
+    assert [r["target"] for r in by_label["results"]] == [7, 2]
+    assert [r["label"] for r in by_label["results"]] == ["seven", "two"]
+    assert by_label == by_index
+    one = saliency(client, model="pets", inputs=inputs[:1], method=method, target="nine")
+    assert one["results"][0]["target"] == 9
 
 
 def test_image_inputs_use_the_model_preprocessing(client: TestClient, lenet: LeNet) -> None:

@@ -112,10 +112,11 @@ def test_loadgen_closed_loop_against_live_server(tiny: Tiny, client: Client) -> 
         server_pid=os.getpid(),
         client=client,
     )
-    assert r.ok > 20
+    # A count in a 1 s window and the window's length stay timed: bounds loose enough for a busy machine.
+    assert r.ok >= 4  # every client got an answer (hundreds is usual)
     assert r.errors == {}
     assert r.sent == r.ok
-    assert 0.9 < r.wall_s < 5.0
+    assert 0.9 < r.wall_s < 30.0  # stops at max_seconds, then waits for the requests in flight
     assert r.images_per_s == pytest.approx(2 * r.rps)
     assert r.lat_ms["p50"] <= r.lat_ms["p95"] <= r.lat_ms["p99"] <= r.lat_ms["max"]
     assert r.loadgen_cores > 0.0

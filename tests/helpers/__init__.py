@@ -1,1 +1,2 @@
-"""Shared test helpers: toy models with hand-set weights, loaded models without a registry."""
+"""Shared test helpers: toy models with exact, hand-checkable answers, loaded models without a registry,
+waiting on events, comparing batched answers."""

@@ -6,14 +6,15 @@ import gzip
 import io
 import resource
 import struct
-import time
 import tracemalloc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -21,9 +22,13 @@ from PIL import Image
 
 from service.config import Settings
 from service.main import create_app
-from service.runtime.executor import ModelExecutor
-from tests.conftest import ClientFactory, b64, hooks, sample_png, wait_settled, write_lenet
-from tests.reliability.live_server import slow_input, write_slow
+from tests.conftest import ClientFactory, b64, hooks, sample_png, tensor_input, wait_settled, write_lenet
+from tests.helpers.config import toy_entry
+from tests.helpers.held import hold_rows, wait_queued
+from tests.helpers.metrics import queue_depth, scrape, value
+from tests.helpers.models import WIDTH, Gate, new_gate
+from tests.helpers.serving import BodyMessages, uvicorn_thread
+from tests.helpers.waiting import PATIENCE_S, wait_until
 
 KiB = 1024
 LIMITS: dict[str, Any] = {
@@ -41,10 +46,20 @@ LIMITS: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
+def gate() -> Gate:
+    """The gated model's gate (it opens once: one test holds the model)."""
+    return gate_pair[1]
+
+
+gate_pair = new_gate()
+
+
+@pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    """lenet and the slow model, one worker thread each, with small limits."""
+    """lenet and a `Gated` model, one worker thread each, with small limits."""
     model_dir = tmp_path_factory.mktemp("limits")
-    (model_dir / "models.toml").write_text(write_lenet(model_dir) + write_slow(model_dir))
+    gated = toy_entry("gated", "Gated", kwargs={"gate": gate_pair[0]})
+    (model_dir / "models.toml").write_text(write_lenet(model_dir) + gated)
     settings = Settings(
         model_dir=model_dir,
         config=model_dir / "models.toml",
@@ -60,16 +75,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         yield c
 
 
-def executor_of(client: TestClient, name: str) -> ModelExecutor:
-    return client.app.state.hookserve.fleet.ready(name).executor  # type: ignore[attr-defined,no-any-return]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.01)
+def predict(client: TestClient, model: str, x: torch.Tensor) -> httpx2.Response:
+    return client.post("/predict", json={"model": model, "inputs": [tensor_input(row) for row in x]})
 
 
 def digit(label: int = 3) -> dict[str, str]:
@@ -112,6 +119,30 @@ def test_body_over_limit_streamed_without_content_length(client: TestClient) -> 
     assert r.request.headers["transfer-encoding"] == "chunked"
     assert r.status_code == 413
     assert "max_body_bytes" in detail(r)
+
+
+def test_chunked_body_over_limit_through_uvicorn_counts_every_message(tmp_path: Path) -> None:
+    """A real server hands a streamed body to the app in many messages, each under the limit: only the
+    running total can tell that the body is over it (the TestClient above sends one message)."""
+    limit = 1024 * KiB  # uvicorn delivers at most ~64 KiB + one socket read (256 KiB) per message
+    (tmp_path / "models.toml").write_text(toy_entry("echo", "Echo"))
+    settings = Settings(model_dir=tmp_path, config=tmp_path / "models.toml", worker_threads=1, max_body_bytes=limit)
+    app = BodyMessages(create_app(settings))
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "echo", "inputs": ['
+        for _ in range(3 * limit // (64 * KiB)):
+            yield b" " * (64 * KiB)
+        yield b"]}"
+
+    with uvicorn_thread(app) as url:
+        r = httpx.post(f"{url}/predict", content=chunks(), headers={"content-type": "application/json"}, timeout=60)
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413, r.text
+    assert "max_body_bytes" in detail(r)
+    assert len(app.sizes) >= 2, app.sizes
+    assert max(app.sizes) < limit, app.sizes  # no single message was over the limit
+    assert sum(app.sizes) > limit
 
 
 def test_v2_body_limits_answer_in_the_protocols_error_shape(client: TestClient) -> None:
@@ -362,54 +393,67 @@ def test_smoothgrad_samples_limit(client: TestClient) -> None:
 # ---- queue and deadline ------------------------------------------------------------------
 
 
-def test_queue_full_is_503_with_retry_after(client: TestClient) -> None:
-    """One job runs, max_queue=2 wait; the next request is refused at once, and nothing stays queued."""
-    executor = executor_of(client, "slow")
+def test_queue_full_is_503_with_retry_after(client: TestClient, gate: Gate) -> None:
+    """One job runs (held at its gate), max_queue=2 wait; the next request is refused while the held job still
+    runs, so at once, not once a slot frees; afterwards nothing stays queued."""
     with ThreadPoolExecutor(3) as pool:
-        running = pool.submit(
-            client.post, "/activations", json={"model": "slow", "inputs": [slow_input(1.5)], "layers": ["body"]}
-        )
-        wait_until(lambda: hooks(client, "slow") > 0)  # the worker is busy with it
-        queued = [
-            pool.submit(client.post, "/predict", json={"model": "slow", "inputs": [slow_input(0.0, fill=i)]})
-            for i in range(LIMITS["max_queue"])
-        ]
-        wait_until(lambda: executor.queue_depth == LIMITS["max_queue"])
-        started = time.perf_counter()
-        refused = client.post("/predict", json={"model": "slow", "inputs": [slow_input()]})
-        assert time.perf_counter() - started < 1.0
+        try:
+            running = pool.submit(predict, client, "gated", hold_rows())
+            assert gate.entered.wait(PATIENCE_S), "the held request never reached the model"
+            queued = [
+                pool.submit(predict, client, "gated", torch.full((1, WIDTH), i)) for i in range(LIMITS["max_queue"])
+            ]
+            wait_queued(client, "gated", LIMITS["max_queue"])
+            refused = predict(client, "gated", torch.ones(1, WIDTH))
+            assert not running.done()  # answered while the held job still ran
+        finally:
+            gate.opened.set()
         assert refused.status_code == 503
         assert int(refused.headers["Retry-After"]) >= 1
         assert "max_queue" in detail(refused)
         assert running.result().status_code == 200
         assert [f.result().status_code for f in queued] == [200] * LIMITS["max_queue"]
-    assert executor.queue_depth == 0
-    assert hooks(client, "slow") == 0
+    assert queue_depth(client, "gated") == 0
+    assert hooks(client, "gated") == 0
 
 
-def test_deadline_is_504_saying_what_was_cut_off(make_client: ClientFactory, tmp_path: Path) -> None:
-    """A running job's result is dropped, a queued job never runs; the model serves on."""
-    client = make_client(write_slow(tmp_path), request_timeout_s=0.5, worker_threads=1)
-    executor = executor_of(client, "slow")
-    body = {"model": "slow", "layers": ["body"]}
+def test_deadline_is_504_saying_what_was_cut_off(make_client: ClientFactory) -> None:
+    """A running job's result is dropped, a queued job never runs; the model serves on.
+
+    The running job is held at its gate until both answers are in, so both deadlines pass for sure.
+    """
+    key, gate = new_gate()
+    client = make_client(toy_entry("gated", "Gated", kwargs={"gate": key}), request_timeout_s=0.5, worker_threads=1)
+    body = {"model": "gated", "layers": ["body"]}
     with ThreadPoolExecutor(2) as pool:
-        running = pool.submit(client.post, "/activations", json=body | {"inputs": [slow_input(1.5)]})
-        wait_until(lambda: hooks(client, "slow") > 0)
-        queued = pool.submit(client.post, "/activations", json=body | {"inputs": [slow_input()]})
-        cut_running, cut_queued = running.result(), queued.result()
+        try:
+            running = pool.submit(client.post, "/activations", json=body | {"inputs": [tensor_input(hold_rows()[0])]})
+            assert gate.entered.wait(PATIENCE_S), "the held request never reached the model"
+            queued = pool.submit(client.post, "/activations", json=body | {"inputs": [tensor_input(torch.ones(WIDTH))]})
+            cut_running, cut_queued = running.result(), queued.result()
+        finally:
+            gate.opened.set()
     assert cut_running.status_code == 504
     assert "request_timeout_s" in detail(cut_running)
     assert "running" in detail(cut_running)
     assert cut_queued.status_code == 504
     assert "queued (it will not run)" in detail(cut_queued)
-    wait_until(lambda: hooks(client, "slow") == 0 and executor.queue_depth == 0)
-    assert client.post("/activations", json=body | {"inputs": [slow_input()]}).status_code == 200
-    assert executor.stats.exclusive_jobs == 2  # the slow one and the last one; the queued one never ran
+    wait_until(lambda: hooks(client, "gated") == 0 and queue_depth(client, "gated") == 0, "the held job to end")
+    ok = client.post("/activations", json=body | {"inputs": [tensor_input(torch.ones(WIDTH))]})
+    assert ok.status_code == 200
+    ran = value(scrape(client), "hookserve_job_compute_seconds_count", model="gated", kind="exclusive")
+    assert ran == 2  # the held one (its result dropped) and the last one; the queued one never ran
 
 
-def test_deadline_applies_to_predictions(make_client: ClientFactory, tmp_path: Path) -> None:
-    client = make_client(write_slow(tmp_path), request_timeout_s=0.3, worker_threads=1)
-    started = time.perf_counter()
-    r = client.post("/predict", json={"model": "slow", "inputs": [slow_input(1.0)]})
+def test_deadline_applies_to_predictions(make_client: ClientFactory) -> None:
+    """The 504 comes at the deadline: while the job it cut off is still held at its gate."""
+    key, gate = new_gate()
+    client = make_client(toy_entry("gated", "Gated", kwargs={"gate": key}), request_timeout_s=0.3, worker_threads=1)
+    try:
+        r = predict(client, "gated", hold_rows())
+        assert not gate.opened.is_set()
+    finally:
+        gate.opened.set()
     assert r.status_code == 504
-    assert time.perf_counter() - started < 0.9
+    assert "request_timeout_s" in detail(r)
+    assert gate.entered.is_set()

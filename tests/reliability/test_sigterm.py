@@ -12,7 +12,10 @@ import httpx
 import pytest
 
 import service.__main__ as entry
-from tests.reliability.live_server import LiveServer, slow_input, write_slow
+from tests.helpers.config import toy_entry
+from tests.helpers.models import HOLD, WIDTH
+from tests.helpers.waiting import PATIENCE_S, wait_until
+from tests.reliability.live_server import LiveServer
 
 
 def _post_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -29,12 +32,11 @@ def _post_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Threa
     return thread, result
 
 
-def _wait_running(server: LiveServer) -> None:
-    """Until the slow job holds its hooks, i.e. it is running on the worker."""
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{server.base_url}/models/slow", timeout=5).json()["hooks"] == 0:
-        assert time.monotonic() < deadline, "the slow request never started"
-        time.sleep(0.02)
+def _held_server(tmp_path: Path, grace: float) -> tuple[LiveServer, Path]:
+    """A server of a `FileGated` model (its gate a path under tmp_path) with `grace` seconds of shutdown grace."""
+    gate = tmp_path / "gate"
+    config = toy_entry("held", "FileGated", kwargs={"gate": str(gate)})
+    return LiveServer(tmp_path, config, env={"HOOKSERVE_SHUTDOWN_GRACE_S": str(grace)}), gate
 
 
 def _refuses_connections(server: LiveServer, within: float) -> bool:
@@ -48,41 +50,46 @@ def _refuses_connections(server: LiveServer, within: float) -> bool:
     return False
 
 
+HELD_BODY = {"model": "held", "inputs": [{"tensor": {"shape": [WIDTH], "dtype": "float32", "data": [HOLD, 0, 0, 0]}}]}
+
+
 def test_sigterm_finishes_in_flight_request_then_exits_0(tmp_path: Path) -> None:
-    grace = 10.0
-    body = {"model": "slow", "inputs": [slow_input(2.0, fill=0.5)], "layers": ["body"]}
-    with LiveServer(tmp_path, write_slow(tmp_path), env={"HOOKSERVE_SHUTDOWN_GRACE_S": str(grace)}) as server:
-        thread, result = _post_in_background(f"{server.base_url}/activations", body)
-        _wait_running(server)
+    """New connections are refused while the in-flight job is held at its gate; once it is let go, it answers
+    and the process exits 0."""
+    grace = 30.0
+    server, gate = _held_server(tmp_path, grace)
+    with server:
+        thread, result = _post_in_background(f"{server.base_url}/activations", HELD_BODY | {"layers": ["body"]})
+        wait_until(Path(f"{gate}.entered").exists, "the held request to reach the model")
         signalled = time.monotonic()
         server.signal(signal.SIGTERM)
-        assert _refuses_connections(server, within=1.5), "still accepting connections after SIGTERM"
-        assert thread.is_alive(), "the in-flight request should still be running while new ones are refused"
+        assert _refuses_connections(server, within=PATIENCE_S), "still accepting connections after SIGTERM"
+        assert thread.is_alive(), "the in-flight request is held: it must still be running"
+        Path(f"{gate}.open").touch()
         code = server.wait(timeout=grace + 10)
+        # Timed on purpose: shutdown_grace_s is a time. With the job let go it exits at once; 30 s is generous.
         elapsed = time.monotonic() - signalled
-        thread.join(5)
+        thread.join(PATIENCE_S)
         assert code == 0, server.log()
         assert elapsed < grace, f"took {elapsed:.1f} s, over shutdown_grace_s"
     response = result["response"]
     assert response.status_code == 200
     answer = response.json()
-    assert answer["activations"]["body"]["output"]["shape"] == [1, 3]
+    assert answer["activations"]["body"]["output"]["shape"] == [1, WIDTH]
 
 
 def test_sigterm_cuts_jobs_past_the_grace_period(tmp_path: Path) -> None:
-    """A job longer than shutdown_grace_s does not hold the process: it still exits 0, soon after the grace."""
-    grace = 1.0
-    body = {"model": "slow", "inputs": [slow_input(8.0)], "layers": ["body"]}
-    with LiveServer(tmp_path, write_slow(tmp_path), env={"HOOKSERVE_SHUTDOWN_GRACE_S": str(grace)}) as server:
-        thread, result = _post_in_background(f"{server.base_url}/activations", body)
-        _wait_running(server)
-        signalled = time.monotonic()
+    """A job longer than shutdown_grace_s does not hold the process: it exits 0 while the job is still held
+    (its gate never opens; the model would hold it for 10 minutes)."""
+    server, gate = _held_server(tmp_path, 1.0)
+    with server:
+        thread, result = _post_in_background(f"{server.base_url}/activations", HELD_BODY | {"layers": ["body"]})
+        wait_until(Path(f"{gate}.entered").exists, "the held request to reach the model")
         server.signal(signal.SIGTERM)
-        code = server.wait(timeout=20)
-        elapsed = time.monotonic() - signalled
-        thread.join(5)
+        code = server.wait(timeout=PATIENCE_S)  # a generous bound for the 1 s grace; the job would take 600 s
+        thread.join(PATIENCE_S)
         assert code == 0, server.log()
-        assert elapsed < 3 * grace + 2, f"took {elapsed:.1f} s for a {grace} s grace period"
+    assert not Path(f"{gate}.open").exists()
     assert "response" not in result or result["response"].status_code != 200
 
 

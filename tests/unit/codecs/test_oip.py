@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tritonclient.http import InferResult
-from tritonclient.utils import serialize_byte_tensor
+from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
 from service.codecs.oip import (
     bf16_bits_to_float32,
@@ -22,7 +22,6 @@ from service.codecs.oip import (
     float32_to_bf16_bits,
     serialize_bytes,
     split_body,
-    wire_dtype,
 )
 from service.errors import BadInput, InvalidField, TooLarge
 from service.specs.vocab import Datatype
@@ -44,6 +43,7 @@ NUMERIC = [d for d in Datatype if d not in (Datatype.BYTES, Datatype.BF16)]
         ("deflate", zlib.compress(PAYLOAD)),
         ("deflate", zlib.compress(PAYLOAD)[2:-4]),  # raw deflate, as some clients send it
     ],
+    ids=["none", "identity", "gzip", "GZIP", "deflate-zlib", "deflate-raw"],  # stable: gzip bytes hold the time
 )
 def test_decompress(encoding: str | None, packed: bytes) -> None:
     assert decompress(packed, encoding, len(PAYLOAD)) == PAYLOAD
@@ -83,13 +83,25 @@ def test_bytes_serialization_matches_tritonclient() -> None:
 # ---- decoding request tensors ---------------------------------------------------------------
 
 
+def reference_dtype(datatype: Datatype) -> np.dtype[Any]:
+    """The protocol's NumPy dtype by tritonclient, not by the table under test."""
+    dtype: np.dtype[Any] = np.dtype(triton_to_np_dtype(datatype.value))
+    return dtype
+
+
 def sample(datatype: Datatype) -> np.ndarray[Any, Any]:
+    """Negative values for signed types, values over the signed range for unsigned ones."""
     values = np.array([[0, 1, 2], [3, 4, 5]])
+    dtype = reference_dtype(datatype)
     if datatype is Datatype.BOOL:
         return np.asarray(values % 2 == 1)
     if datatype.value.startswith("INT"):
-        return (values - 3).astype(wire_dtype(datatype))
-    return (values * 1.5 if datatype.value.startswith("FP") else values).astype(wire_dtype(datatype))
+        return (values - 3).astype(dtype)
+    if datatype.value.startswith("UINT"):
+        high: np.ndarray[Any, Any] = values.astype(dtype) + dtype.type(np.iinfo(dtype).max - 5)
+        return high
+    floats: np.ndarray[Any, Any] = (values * 1.5).astype(dtype)
+    return floats
 
 
 @pytest.mark.parametrize("datatype", NUMERIC)
@@ -99,7 +111,7 @@ def test_decode_every_datatype(datatype: Datatype) -> None:
     nested = decode_tensor("x", [2, 3], datatype, expected.tolist(), None)
     flat = decode_tensor("x", [2, 3], datatype, expected.reshape(-1).tolist(), None)
     for got in (binary, nested, flat):
-        assert got.dtype == wire_dtype(datatype)
+        assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
     assert binary.flags.writeable
 
@@ -117,14 +129,26 @@ def test_decode_size_mismatches() -> None:
         decode_tensor("x", [-1, 3], Datatype.FP32, [], None)
 
 
+def test_bytes_whose_last_element_is_empty() -> None:
+    """The last element's 4-byte length ends the data exactly (found by `make mutate`)."""
+    for items in ([b"a", b""], [b""]):
+        assert deserialize_bytes(serialize_bytes(items), "t") == items
+
+
+def test_a_zero_size_dimension_is_a_valid_shape() -> None:
+    """Only negative sizes are refused (found by `make mutate`); [2, 0] holds no values."""
+    assert decode_tensor("x", [2, 0], Datatype.FP32, [], None).shape == (2, 0)
+    assert decode_tensor("x", [0], Datatype.FP32, None, b"").shape == (0,)
+
+
 def test_decode_bytes() -> None:
     json_array = decode_tensor("x", [2, 1], Datatype.BYTES, [["ab"], ["ç"]], None)
     assert json_array.shape == (2, 1)
     assert json_array.reshape(-1).tolist() == [b"ab", "ç".encode()]
     binary = decode_tensor("x", [2], Datatype.BYTES, None, serialize_bytes([b"\x00\xff", b"z"]))
     assert binary.tolist() == [b"\x00\xff", b"z"]
-    with pytest.raises(InvalidField, match="3 BYTES elements; shape \\[2\\] needs 2"):
-        decode_tensor("x", [2], Datatype.BYTES, ["a", "b", "c"], None)
+    with pytest.raises(InvalidField, match=r"^in0: 3 BYTES elements; shape \[2\] needs 2"):
+        decode_tensor("in0", [2], Datatype.BYTES, ["a", "b", "c"], None)
     with pytest.raises(InvalidField, match="must be strings"):
         decode_tensor("x", [1], Datatype.BYTES, [1], None)
 
