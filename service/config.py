@@ -77,6 +77,10 @@ class Settings(BaseSettings):
         description="Memory all requests in flight may hold together; a request that does not fit waits "
         "(503 when max_queue already wait). Default: half the machine's memory.",
     )
+    max_edits: int = Field(32, ge=1, description="Edits per /interventions request.")
+    max_sources: int = Field(8, ge=0, description="Named donor runs per /interventions request.")
+    max_edit_tensor_bytes: int = Field(16 * MiB, description="Size of one edit's tensor (add, set).")
+    max_sweep_rows: int = Field(8192, ge=1, description="Channels x inputs one /interventions/sweep ablates.")
     max_upload_bytes: int = 2048 * MiB
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = 30.0

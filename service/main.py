@@ -26,6 +26,7 @@ from service.api.routes import (
     docs,
     gradients,
     health,
+    interventions,
     introspect,
     metrics,
     models,
@@ -52,7 +53,7 @@ batching, per-layer activations from request-scoped hooks, gradients and salienc
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
-MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/interventions")
+MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/interventions", "/interventions/sweep")
 
 
 def runs_a_model(path: str) -> bool:
@@ -67,6 +68,7 @@ ROUTERS = (
     activations.router,
     gradients.router,
     saliency.router,
+    interventions.router,
     introspect.router,
     checkpoints.router,
     metrics.router,
@@ -115,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"name": "models", "description": "The registry and what each model is."},
             {"name": "inference", "description": "What does the model say?"},
             {"name": "introspection", "description": "Why, and what happens inside?"},
+            {"name": "experiments", "description": "What if? Edit what happens inside and watch the answer move."},
         ],
     )
     install_error_handlers(app)
