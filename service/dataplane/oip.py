@@ -26,6 +26,7 @@ from service.codecs.oip_infer import (
     flatten_outputs,
 )
 from service.dataplane.base import PlaneBase
+from service.dataplane.costs import activations_cost
 from service.errors import InvalidField, NotFound
 from service.introspection.layers import closest_names
 from service.registry.loaded import LoadedModel
@@ -97,11 +98,16 @@ class OpenInference(PlaneBase):
         model = served.model
         raw = await body()
         decoded = await self.off_loop(decode_body, raw, encoding, header_length, model, self.settings)
-        tensors = await _infer(served, decoded)
-        if sum(t.numel() for t in tensors.values()) > SMALL_ANSWER:
-            content, length = await self.off_loop(encode_infer, model, decoded, tensors, self.settings)
-        else:
-            content, length = encode_infer(model, decoded, tensors, self.settings)
+        batch = decoded.batch
+        shapes = model.layer_shapes.at(tuple(int(s) for s in batch.shape[1:]))
+        layers = sorted(set(plan_outputs(model, [o.name for o in decoded.outputs or []]).layers.values()))
+        estimate = activations_cost(batch, shapes, CaptureRequest(tuple(layers), Capture.output), "safetensors")
+        async with self.budget.reserve(estimate.cost, "send fewer or smaller inputs, or ask for fewer layer outputs"):
+            tensors = await _infer(served, decoded)
+            if sum(t.numel() for t in tensors.values()) > SMALL_ANSWER:
+                content, length = await self.off_loop(encode_infer, model, decoded, tensors, self.settings)
+            else:
+                content, length = encode_infer(model, decoded, tensors, self.settings)
         return InferAnswer(content, length)
 
 
