@@ -1,10 +1,12 @@
-"""Soak: a few thousand mixed requests from 16 concurrent clients against a live uvicorn serving LeNet.
+"""Soak: a few thousand mixed requests from 16 concurrent clients against a live uvicorn serving LeNet,
+with large legal introspection requests (every layer of a wide convolution, both sides) among them.
 
 Bounds checked: zero 5xx, no hook left registered, the server's RSS grows by less than
-RSS_GROWTH_BOUND (150 MiB) between the end of a warm-up and the end of the run, and every
-answer carries its own request's tensors (each request sends a distinct input whose logits
-were computed in-process beforehand; predict logits, the fc3 activation, gradient scores and
-saliency scores must all equal that input's own logits).
+RSS_GROWTH_BOUND (150 MiB) between the end of a warm-up and the end of the run, its peak RSS
+stays within the memory budget of requests in flight (MEMORY_BUDGET) plus PEAK_SLACK, and
+every answer carries its own request's tensors (each request sends a distinct input whose
+logits were computed in-process beforehand; predict logits, the fc3 activation, gradient
+scores and saliency scores must all equal that input's own logits).
 """
 
 from __future__ import annotations
@@ -34,7 +36,37 @@ REQUESTS = 4000
 WARMUP = 200
 TIME_BUDGET_S = 90.0
 RSS_GROWTH_BOUND = 150 * 1024 * 1024
+MEMORY_BUDGET = 256 * 1024 * 1024  # what requests in flight may hold together (HOOKSERVE_MEMORY_BUDGET_BYTES)
+PEAK_SLACK = 512 * 1024 * 1024  # the server's own peak beyond the budget: models, threads, allocator slack
 ATOL = 1e-4
+
+WIDE_PY = """
+import torch
+from torch import nn
+
+class Wide(nn.Module):
+    \"\"\"A 64-channel convolution over 192x192 inputs: each request's captures are tens of MB.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 64, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.fc(self.relu(self.conv(x)).mean((2, 3)))
+"""
+
+WIDE_TOML = """
+[[models]]
+name = "wide"
+source = "python"
+architecture = "wide.py:Wide"
+input_size = [3, 192, 192]
+"""
+WIDE_INPUT = torch.rand(2, 3, 192, 192, generator=torch.Generator().manual_seed(1))
+LARGE_EVERY = 25  # one request in 25 is a large one
 
 
 @dataclass
@@ -91,6 +123,11 @@ def _stats(want: torch.Tensor, r: httpx.Response) -> str | None:
     return None if abs(out["mean"] - float(want.mean())) < ATOL else "fc3 stats are not this input's"
 
 
+def _wide_stats(r: httpx.Response) -> str | None:
+    sides = r.json()["activations"]["conv"]
+    return None if sides["output"]["shape"] == [2, 64, 192, 192] else "the wide capture has the wrong shape"
+
+
 def _status(expected: int, r: httpx.Response) -> str | None:
     return None if r.status_code == expected else f"expected {expected}, got {r.status_code}"
 
@@ -98,6 +135,7 @@ def _status(expected: int, r: httpx.Response) -> str | None:
 def build_requests(inputs: torch.Tensor, logits: torch.Tensor, fc3_bias: np.ndarray) -> list[Request]:
     """(kind, method, url, httpx kwargs, check) for request i; check returns a problem or None."""
     bad_image = {"model": "lenet", "inputs": [{"image": "not base64 at all!"}]}
+    wide = {"model": "wide", "inputs": [_tensor(t) for t in WIDE_INPUT], "layers": ["*"], "capture": "both"}
     requests: list[Request] = []
     for i in range(len(inputs)):
         want = logits[i]
@@ -115,7 +153,8 @@ def build_requests(inputs: torch.Tensor, logits: torch.Tensor, fc3_bias: np.ndar
             ("bad-base64", "POST", "/predict", {"json": bad_image}, partial(_status, 400)),
             ("bad-layer", "POST", "/activations", {"json": body | {"layers": ["conv9"]}}, partial(_status, 422)),
         ]  # fmt: skip
-        requests.append(kinds[i % len(kinds)])
+        large = ("large-activations", "POST", "/activations", {"json": wide | {"format": "stats"}}, _wide_stats)
+        requests.append(large if i % LARGE_EVERY == LARGE_EVERY - 1 else kinds[i % len(kinds)])
     return requests
 
 
@@ -149,14 +188,22 @@ def test_soak_mixed_requests_from_16_clients(tmp_path: Path) -> None:
         logits = lenet(inputs)
     fc3_bias = lenet.fc3.bias.detach().numpy()
     requests = build_requests(inputs, logits, fc3_bias)
-    env = {"HOOKSERVE_WORKER_THREADS": "2", "HOOKSERVE_CPU_THREADS": "2", "HOOKSERVE_DECODE_THREADS": "2"}
-    with LiveServer(tmp_path, write_lenet(tmp_path), env=env) as server:
+    env = {
+        "HOOKSERVE_WORKER_THREADS": "2",
+        "HOOKSERVE_CPU_THREADS": "2",
+        "HOOKSERVE_DECODE_THREADS": "2",
+        "HOOKSERVE_MEMORY_BUDGET_BYTES": str(MEMORY_BUDGET),
+    }
+    (tmp_path / "wide.py").write_text(WIDE_PY)
+    with LiveServer(tmp_path, write_lenet(tmp_path) + WIDE_TOML, env=env) as server:
         process = psutil.Process(server.pid)
+        rss_idle = process.memory_info().rss
         started = time.monotonic()
         warm = asyncio.run(run_all(server.base_url, requests[:WARMUP], started + TIME_BUDGET_S))
         rss_after_warmup = process.memory_info().rss
         outcomes = asyncio.run(run_all(server.base_url, requests[WARMUP:], started + TIME_BUDGET_S))
         rss_at_end = process.memory_info().rss
+        peak = server.peak_rss_bytes()
         elapsed = time.monotonic() - started
         info = httpx.get(f"{server.base_url}/models/lenet", timeout=10).json()
         log = server.log()
@@ -175,9 +222,12 @@ def test_soak_mixed_requests_from_16_clients(tmp_path: Path) -> None:
         "activations-stats",
         "bad-base64",
         "bad-layer",
+        "large-activations",
     }
     assert info["hooks"] == 0
     assert info["status"] == "ready"
     growth = rss_at_end - rss_after_warmup
     assert growth < RSS_GROWTH_BOUND, f"server RSS grew by {growth / 2**20:.0f} MiB"
+    above = peak - rss_idle
+    assert above < MEMORY_BUDGET + PEAK_SLACK, f"peak RSS {above / 2**20:.0f} MiB above idle"
     assert "Traceback" not in log
