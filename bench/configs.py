@@ -6,19 +6,39 @@ import os
 from dataclasses import dataclass
 
 from bench.server import ServerConfig
-from bench.workload import INTROSPECTION_KINDS, PREDICT_KINDS, Kind
+from bench.workload import INTROSPECTION_KINDS, JPEG_INTROSPECTION_KINDS, PREDICT_KINDS, Kind
 
 CORES = os.cpu_count() or 1
 LOAD = (1, 8, 32)
+UNDER_LOAD = (8, 32)  # issue 12's introspection rows
 BATCHING = {"HOOKSERVE_MAX_BATCH_SIZE": "8", "HOOKSERVE_MAX_BATCH_DELAY_MS": "5"}
 
 
 @dataclass(frozen=True)
+class Mix:
+    """Several kinds at once against one server: `clients` closed-loop clients assigned to `kinds` round-robin."""
+
+    name: str
+    kinds: tuple[Kind, ...]
+    clients: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Setup:
-    """One server config and the (request kind, clients) points measured against it."""
+    """One server config, the (request kind, clients) points measured against it, and its mixed points."""
 
     config: ServerConfig
     points: tuple[tuple[Kind, int], ...]
+    mixes: tuple[Mix, ...] = ()
+
+
+# issue 12: half /predict, half /activations (one layer reduced), both JPEG uploads, 8 clients for 20 s
+PREDICT_AND_ACTIVATIONS = Mix(
+    "predict+activations", (Kind.PREDICT_JPEG_MULTIPART, Kind.ACTIVATIONS_L4_JPEG), clients=8, seconds=20.0
+)
+# issue 12: the points also measured against a server running today's main (see bench.baseline)
+BASELINE_POINTS: tuple[tuple[Kind, int], ...] = ((Kind.PREDICT_JPEG_MULTIPART, 32), (Kind.ACTIVATIONS_L4_JPEG, 8))
 
 
 def _threads(workers: int, per_job: int) -> dict[str, str]:
@@ -42,7 +62,9 @@ DEFAULT = Setup(
         *((kind, c) for kind in PREDICT_KINDS for c in LOAD),
         (Kind.LENET_PREDICT, 1),
         *((kind, 1) for kind in INTROSPECTION_KINDS),
+        *((kind, c) for kind in JPEG_INTROSPECTION_KINDS for c in UNDER_LOAD),
     ),
+    (PREDICT_AND_ACTIVATIONS,),
 )
 ONE_THREAD = Setup(
     ServerConfig(

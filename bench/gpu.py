@@ -1,5 +1,6 @@
 """`--gpu`: resnet50 in bfloat16 on CUDA, raw torch beside hookserve at 1 and 64 clients (RESULTS_GPU.md).
 
+Also issue 12's `/activations` of one layer (reduced) at 64 clients, against `/predict` at 64.
 On a machine without CUDA it says so and measures nothing.
 """
 
@@ -16,12 +17,14 @@ from typing import Any
 import torch
 
 from bench import raw_torch
+from bench.baseline import head_commit
 from bench.loadgen import LoadResult, format_result, measure
 from bench.machine import machine_info, package_versions, wait_idle
 from bench.multiload import measure_processes
-from bench.report import comparison_table, render_markdown
+from bench.payloads import Payload
+from bench.report import comparison_table, introspection_targets, render_markdown, targets_table
 from bench.server import Server, ServerConfig, free_port
-from bench.workload import LABELS, Kind, build_payloads, make_inputs
+from bench.workload import LABELS, Inputs, Kind, build_payloads, make_inputs
 
 GPU_TOML = """\
 [[models]]
@@ -37,7 +40,15 @@ POINTS: dict[tuple[Kind, int], str] = {  # point -> its raw counterpart
     (Kind.PREDICT_JPEG_MULTIPART, CLIENTS): "gpu-e2e-b64",
     (Kind.PREDICT_TENSOR, 1): "gpu-forward-b1",
     (Kind.PREDICT_TENSOR, CLIENTS): "gpu-forward-b64",
+    (Kind.ACTIVATIONS_L4_JPEG, CLIENTS): "gpu-e2e-b64",  # issue 12: >= 0.7 x /predict JPEG at 64 clients
 }
+MODEL = "resnet50"
+
+
+def gpu_payloads(inputs: Inputs) -> dict[Kind, Payload]:
+    """The request of every kind POINTS measures, for resnet50 (no Conv2d list needed: no all-Conv2d point)."""
+    payloads = build_payloads(inputs, [], model=MODEL)
+    return {kind: payloads[kind] for kind, _ in POINTS}
 
 
 def gpu_config(cores: int) -> ServerConfig:
@@ -73,7 +84,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
         "input": inputs.describe(),
         "load": f"closed loop over {loaders} load-generator process(es) at {CLIENTS} clients (one at 1 client), "
         f"min({args.duration:g} s, {args.requests} requests) per point after a warm-up",
-        "configs": {cfg.name: {"description": cfg.description, "env": cfg.env}},
+        "configs": {cfg.name: {"description": cfg.description, "env": cfg.env, "commit": head_commit()}},
         "raw": {},
         "points": [],
     }
@@ -104,7 +115,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
         torch.cuda.empty_cache()
     port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-gpu-") as tmp, Server(cfg, port, Path(tmp)) as server:
-        payloads = build_payloads(inputs, [], model="resnet50")
+        payloads = gpu_payloads(inputs)
         for (kind, clients), raw_key in POINTS.items():
             wait_idle(args.idle_wait, log=log)
             result: LoadResult
@@ -134,7 +145,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
                 {
                     "config": cfg.name,
                     "kind": kind.value,
-                    "label": LABELS[kind].replace("resnet18", "resnet50"),
+                    "label": LABELS[kind].replace("resnet18", MODEL),
                     "concurrency": clients,
                     "baseline": raw_key,
                     "attempt": 1,
@@ -143,6 +154,7 @@ def main(args: argparse.Namespace, log: Callable[[str], None]) -> int:
             )
     results["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     print(comparison_table(results))
+    print(targets_table(introspection_targets(results)))
     if args.out is not None:
         args.out.write_text(render_markdown(results, "hookserve benchmark on a GPU: resnet50 bfloat16"))
         log(f"wrote {args.out}")

@@ -3,6 +3,8 @@
 `concurrency` clients each send the same prebuilt request back to back, one connection each,
 until `max_requests` are sent or `max_seconds` pass; a warm-up phase runs first. It reports
 requests/s, images/s, latency percentiles and its own CPU (it shares the cores it measures).
+`measure_mix` runs several payloads at once (clients assigned to them round-robin) and reports
+each payload apart, from the same window.
 The client is `bench.wire` (prebuilt request bytes, ~0.2 ms CPU per request) by default, or
 httpx (`client="httpx"`, ~1.5 ms per request), the client TorchServe's numbers were taken with.
 
@@ -20,8 +22,9 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -101,11 +104,23 @@ class Phase:
 
 async def run_phase(senders: Sequence[Send], *, max_requests: int, max_seconds: float) -> Phase:
     """Each sender is one closed-loop client: it sends its next request when the last one answered."""
-    phase = Phase()
-    deadline = time.perf_counter() + max_seconds
+    (phase,) = await run_phases([senders], max_requests=max_requests, max_seconds=max_seconds)
+    return phase
 
-    async def one_client(send: Send) -> None:
-        while phase.sent < max_requests and time.perf_counter() < deadline:
+
+async def run_phases(groups: Sequence[Sequence[Send]], *, max_requests: int, max_seconds: float) -> list[Phase]:
+    """One closed-loop phase over several groups of clients (one per payload), each group's own Phase.
+
+    The request budget and the deadline are shared: `max_requests` counts the requests of all groups.
+    """
+    phases = [Phase() for _ in groups]
+    deadline = time.perf_counter() + max_seconds
+    sent = 0
+
+    async def one_client(send: Send, phase: Phase) -> None:
+        nonlocal sent
+        while sent < max_requests and time.perf_counter() < deadline:
+            sent += 1
             phase.sent += 1
             t0 = time.perf_counter()
             try:
@@ -126,8 +141,10 @@ async def run_phase(senders: Sequence[Send], *, max_requests: int, max_seconds: 
                 phase.errors[key] = phase.errors.get(key, 0) + 1
                 phase.first_error = phase.first_error or f"{key}: {bytes(body[:300]).decode('utf-8', 'replace')}"
 
-    await asyncio.gather(*(one_client(send) for send in senders))
-    return phase
+    per_group = [[(send, phase) for send in senders] for senders, phase in zip(groups, phases, strict=True)]
+    in_turn = [client for row in zip_longest(*per_group) for client in row if client is not None]  # round-robin
+    await asyncio.gather(*(one_client(send, phase) for send, phase in in_turn))
+    return phases
 
 
 @asynccontextmanager
@@ -200,30 +217,120 @@ async def measure_async(
     `counters` (e.g. the server's batch metrics) is read just before and after the measured
     phase; the differences land in `LoadResult.extra`.
     """
-    url = base_url.rstrip("/") + payload.path
-    max_requests, max_seconds = bounded(url, concurrency, max_requests, max_seconds)
+    mix = await measure_mix_async(
+        base_url,
+        [payload],
+        concurrency,
+        max_requests=max_requests,
+        max_seconds=max_seconds,
+        warmup_requests=warmup_requests,
+        warmup_seconds=warmup_seconds,
+        server_pid=server_pid,
+        timeout_s=timeout_s,
+        counters=counters,
+        client=client,
+    )
+    (result,) = mix.parts
+    return result
+
+
+@dataclass
+class MixResult:
+    """One point of several payloads measured at once: one LoadResult per payload, all from the same window.
+
+    Each part's `concurrency` is its own clients; its CPU fields are the whole window's (shared).
+    """
+
+    concurrency: int
+    wall_s: float
+    parts: list[LoadResult]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completions(self) -> int:
+        return sum(part.ok for part in self.parts)
+
+    @property
+    def other_cores(self) -> float:
+        return self.parts[0].other_cores
+
+    def shares(self) -> list[float]:
+        """Each payload's fraction of all successful completions (NaN when none succeeded)."""
+        total = self.completions
+        return [part.ok / total if total else float("nan") for part in self.parts]
+
+    def to_dict(self) -> dict[str, Any]:
+        parts = [part.to_dict() | {"share": share} for part, share in zip(self.parts, self.shares(), strict=True)]
+        return {
+            "concurrency": self.concurrency,
+            "wall_s": self.wall_s,
+            "completions": self.completions,
+            "other_cores": self.other_cores,
+            "parts": parts,
+            "extra": self.extra,
+        }
+
+
+def assign_clients(payloads: int, concurrency: int) -> list[int]:
+    """How many clients each payload gets when client j sends payload j % payloads (round-robin)."""
+    if payloads < 1 or concurrency < payloads:
+        raise ValueError(f"{concurrency} clients cannot cover {payloads} payloads (each needs one at least)")
+    return [len(range(i, concurrency, payloads)) for i in range(payloads)]
+
+
+async def measure_mix_async(
+    base_url: str,
+    payloads: Sequence[Payload],
+    concurrency: int,
+    *,
+    max_requests: int = 2000,
+    max_seconds: float = 15.0,
+    warmup_requests: int | None = None,
+    warmup_seconds: float = 10.0,
+    server_pid: int | None = None,
+    timeout_s: float = 120.0,
+    counters: Callable[[], dict[str, float]] | None = None,
+    client: Client = "wire",
+) -> MixResult:
+    """Warm up, then measure `concurrency` closed-loop clients spread round-robin over `payloads` at once.
+
+    The budget (`max_requests`, `max_seconds`) is shared; every payload is summarised on its own
+    over the same window. `counters` differences land in `MixResult.extra` (and each part's `extra`).
+    """
+    shares = assign_clients(len(payloads), concurrency)
+    urls = [base_url.rstrip("/") + p.path for p in payloads]
+    for url in urls:
+        max_requests, max_seconds = bounded(url, concurrency, max_requests, max_seconds)
     warm = max(3, 2 * concurrency) if warmup_requests is None else min(warmup_requests, HARD_MAX_REQUESTS)
-    async with open_senders(client, url, payload, concurrency, timeout_s) as senders:
+    async with AsyncExitStack() as stack:
+        groups = [
+            await stack.enter_async_context(open_senders(client, url, payload, n, timeout_s))
+            for url, payload, n in zip(urls, payloads, shares, strict=True)
+        ]
         if warm > 0:
-            await run_phase(senders, max_requests=warm, max_seconds=min(warmup_seconds, HARD_MAX_SECONDS))
+            await run_phases(groups, max_requests=warm, max_seconds=min(warmup_seconds, HARD_MAX_SECONDS))
         before = counters() if counters is not None else {}
         meter = CpuMeter([server_pid] if server_pid is not None else [])
         meter.start()
-        phase = await run_phase(senders, max_requests=max_requests, max_seconds=max_seconds)
+        phases = await run_phases(groups, max_requests=max_requests, max_seconds=max_seconds)
         cpu = meter.stop()
         after = counters() if counters is not None else {}
     server = cpu.watched_cores.get(server_pid, float("nan")) if server_pid is not None else float("nan")
-    result = summarize(
-        payload,
-        concurrency,
-        phase,
-        wall_s=cpu.wall_s,
-        loadgen_cpu_s=cpu.self_cores * cpu.wall_s,
-        machine_cores=cpu.machine_cores,
-        server_cores=server,
-    )
-    result.extra = {k: after[k] - before[k] for k in after if k in before}
-    return result
+    extra = {k: after[k] - before[k] for k in after if k in before}
+    parts = []
+    for payload, n, phase in zip(payloads, shares, phases, strict=True):
+        part = summarize(
+            payload,
+            n,
+            phase,
+            wall_s=cpu.wall_s,
+            loadgen_cpu_s=cpu.self_cores * cpu.wall_s,
+            machine_cores=cpu.machine_cores,
+            server_cores=server,
+        )
+        part.extra = dict(extra)
+        parts.append(part)
+    return MixResult(concurrency, cpu.wall_s, parts, extra)
 
 
 def summarize(
@@ -266,6 +373,11 @@ def measure(base_url: str, payload: Payload, concurrency: int, **kwargs: Any) ->
     return asyncio.run(measure_async(base_url, payload, concurrency, **kwargs))
 
 
+def measure_mix(base_url: str, payloads: Sequence[Payload], concurrency: int, **kwargs: Any) -> MixResult:
+    """Synchronous wrapper of `measure_mix_async` (its own event loop)."""
+    return asyncio.run(measure_mix_async(base_url, payloads, concurrency, **kwargs))
+
+
 def format_result(r: LoadResult) -> str:
     lm = r.lat_ms
     errors = sum(r.errors.values())
@@ -275,6 +387,18 @@ def format_result(r: LoadResult) -> str:
         f"loadgen={r.loadgen_cores:.2f} cores ({r.loadgen_cpu_ms_per_req:.2f} ms CPU/req) "
         f"server={r.server_cores:.2f} other={r.other_cores:.2f} busy={r.machine_cores:.2f}"
     )
+
+
+def format_mix(r: MixResult) -> str:
+    """One line per payload: completions, share, requests/s and latency, from the same window."""
+    lines = [f"mix c={r.concurrency} completions={r.completions} wall={r.wall_s:.1f} s other={r.other_cores:.2f}"]
+    for part, share in zip(r.parts, r.shares(), strict=True):
+        lm = part.lat_ms
+        lines.append(
+            f"    {part.name} c={part.concurrency} ok={part.ok} share={share:.0%} rps={part.rps:.2f} "
+            f"p50={lm['p50']:.1f} p99={lm['p99']:.1f} max={lm['max']:.1f} ms err={sum(part.errors.values())}"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,7 +21,7 @@ Results = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Target:
-    """One target of issue 5, evaluated on one run."""
+    """One target (of issue 5 or 12), evaluated on one run."""
 
     name: str
     config: str
@@ -74,7 +74,9 @@ def evaluate_targets(results: Results) -> list[Target]:
     also evaluated against the channels_last rows (`-cl`), which run the kernels the server runs.
     """
     targets: list[Target] = []
-    for config in results.get("configs", {}):
+    for config, entry in results.get("configs", {}).items():
+        if entry.get("baseline_of"):  # another commit's server, measured for issue 12's before/after only
+            continue
         for suffix, note in (("", ""), ("-cl", " [raw channels_last]")):
             targets += _throughput_targets(results, config, suffix, note)
         lenet = _get(_point(results, config, "lenet-predict", 1), "result", "lat_ms", "p50")
@@ -117,6 +119,167 @@ def _throughput_targets(results: Results, config: str, suffix: str, note: str) -
         name = f"/predict JPEG, 1 client p50 (ms) <= raw e2e batch-1 ({threads} thread{plural}) p50 + 2{note}"
         targets.append(Target(name, config, p50, e2e1_p50 + 2.0, "ms", False))
     return targets
+
+
+PREDICT_JPEG = "predict-jpeg-multipart"
+MIXED_SHARE = 0.30  # issue 12: each kind's share of the completions under the mixed load, at least
+MIXED_TAIL = 4.0  # issue 12: each kind's max latency under the mixed load, at most this times its own p50
+# issue 12: (kind, clients, bound, name): images/s of the kind over /predict's (JPEG upload) at the same clients
+INTROSPECTION_RATIOS: tuple[tuple[str, int, float, str], ...] = (
+    ("activations-layer4-mean-jpeg", 8, 0.9, "/activations layer4 reduced, 8 clients / /predict, 8 clients (JPEG)"),
+    ("activations-allconv-st-jpeg", 8, 0.7, "/activations every Conv2d safetensors, 8 clients / /predict (JPEG)"),
+    ("saliency-gradcam-jpeg", 8, 0.7, "/saliency gradcam, 8 clients / /predict, 8 clients (JPEG)"),
+    ("activations-layer4-mean-jpeg", 64, 0.7, "/activations layer4 reduced, 64 clients / /predict, 64 clients"),
+)
+GRADCAM_P50 = 1.3  # issue 12: gradcam p50 at 1 client over /predict's (tensor input), at most
+BEFORE_AFTER = 1.1  # issue 12: /predict JPEG at 32 clients over today's main's in the same run, at least
+
+
+def _ratio(top: float, bottom: float) -> float:
+    """top / bottom, NaN where the bottom is 0 or unknown (a point in which nothing succeeded)."""
+    return top / bottom if bottom and not math.isnan(bottom) else float("nan")
+
+
+def introspection_targets(results: Results) -> list[Target]:
+    """Issue 12's targets, for every server config that has the points (baseline servers are the references)."""
+    targets: list[Target] = []
+    for config, entry in results.get("configs", {}).items():
+        if entry.get("baseline_of"):
+            continue
+        targets += _mixed_targets(results, config)
+        targets += _ratio_targets(results, config)
+        targets += _before_after_targets(results, config)
+    return [t for t in targets if not (math.isnan(t.limit) or math.isnan(t.measured))]
+
+
+def _mixed_targets(results: Results, config: str) -> list[Target]:
+    """Under each mixed load: every kind's share of the completions, and its max latency over its own p50."""
+    targets: list[Target] = []
+    for mix in _mixes(results, config):
+        clients = mix["concurrency"]
+        for part in mix["result"]["parts"]:
+            kind = part["name"]
+            share = _get(part, "share")
+            p50, top = _get(part, "lat_ms", "p50"), _get(part, "lat_ms", "max")
+            name = f"mixed {mix['name']}, {clients} clients: {kind}"
+            targets.append(Target(f"{name} share of completions", config, share, MIXED_SHARE, "x", True))
+            targets.append(Target(f"{name} max / own p50 latency", config, _ratio(top, p50), MIXED_TAIL, "x", False))
+    return targets
+
+
+def _ratio_targets(results: Results, config: str) -> list[Target]:
+    """Introspection images/s over /predict's under the same load; gradcam's p50 over /predict's at 1 client."""
+    targets: list[Target] = []
+    for kind, clients, bound, name in INTROSPECTION_RATIOS:
+        got = _get(_point(results, config, kind, clients), "result", "images_per_s")
+        reference = _get(_point(results, config, PREDICT_JPEG, clients), "result", "images_per_s")
+        targets.append(Target(name, config, _ratio(got, reference), bound, "x", True))
+    gradcam = _get(_point(results, config, "saliency-gradcam", 1), "result", "lat_ms", "p50")
+    predict = _get(_point(results, config, "predict-tensor", 1), "result", "lat_ms", "p50")
+    name = "/saliency gradcam p50 / /predict p50, 1 client (tensor input)"
+    targets.append(Target(name, config, _ratio(gradcam, predict), GRADCAM_P50, "x", False))
+    return targets
+
+
+def _before_after_targets(results: Results, config: str) -> list[Target]:
+    """/predict JPEG at 32 clients over the same point of each server that ran an earlier commit of this config."""
+    targets: list[Target] = []
+    got = _get(_point(results, config, PREDICT_JPEG, 32), "result", "images_per_s")
+    for before, entry in _baselines_of(results, config):
+        reference = _get(_point(results, before, PREDICT_JPEG, 32), "result", "images_per_s")
+        name = f"/predict JPEG, 32 clients / today's main ({entry.get('ref', before)}) in the same run"
+        targets.append(Target(name, config, _ratio(got, reference), BEFORE_AFTER, "x", True))
+    return targets
+
+
+def _mixes(results: Results, config: str) -> list[Mapping[str, Any]]:
+    return [m for m in results.get("mixes", []) if m["config"] == config]
+
+
+def _baselines_of(results: Results, config: str) -> list[tuple[str, Mapping[str, Any]]]:
+    configs: Mapping[str, Mapping[str, Any]] = results.get("configs", {})
+    return [(name, entry) for name, entry in configs.items() if entry.get("baseline_of") == config]
+
+
+def mixed_table(results: Results) -> str:
+    """Per kind of each mixed point: completions, share, requests/s and latency, all from one window."""
+    rows = [
+        "| config | mix | request | clients | completions | share | requests/s | p50 ms | p99 ms | max ms | "
+        "max / p50 | errors | server cores | other cores |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mix in results.get("mixes", []):
+        for part in mix["result"]["parts"]:
+            lat = part["lat_ms"]
+            noisy = " (noisy)" if part["other_cores"] > NOISY_CORES else ""
+            rows.append(
+                f"| {mix['config']} | {mix['name']} ({mix['concurrency']} clients, {_num(mix['seconds'], 0)} s) | "
+                f"{part.get('label', part['name'])} | {part['concurrency']} | {part['ok']} | "
+                f"{_num(100 * part['share'], 1)} % | {_num(part['rps'], 2)} | {_num(lat['p50'])} | "
+                f"{_num(lat['p99'])} | {_num(lat['max'])} | {_num(_ratio(lat['max'], lat['p50']), 2)} | "
+                f"{sum(part['errors'].values())} | {_num(part['server_cores'], 2)} | "
+                f"{_num(part['other_cores'], 2)}{noisy} |"
+            )
+    return "\n".join(rows)
+
+
+def baseline_table(results: Results) -> str:
+    """Each point measured against an earlier commit's server beside the same point of this commit's."""
+    rows = [
+        "| request | clients | this commit: images/s | p50 ms | p99 ms | max ms | today's main: images/s | p50 ms | "
+        "p99 ms | max ms | this / today's main |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    configs: Mapping[str, Mapping[str, Any]] = results.get("configs", {})
+    for before, entry in configs.items():
+        after = entry.get("baseline_of")
+        if not after:
+            continue
+        for old in (p for p in results.get("points", []) if p["config"] == before):
+            new = _point(results, after, old["kind"], old["concurrency"])
+            cells = []
+            for point in (new, old):
+                cells += [_num(_get(point, "result", "images_per_s"))]
+                cells += [_num(_get(point, "result", "lat_ms", q)) for q in ("p50", "p99", "max")]
+            ratio = _ratio(_get(new, "result", "images_per_s"), _get(old, "result", "images_per_s"))
+            rows.append(f"| {old['label']} | {old['concurrency']} | {' | '.join(cells)} | {_num(ratio, 2)} |")
+    return "\n".join(rows)
+
+
+def _commits_line(results: Results) -> str:
+    """Which commit each server ran, for the before/after section."""
+    configs: Mapping[str, Mapping[str, Any]] = results.get("configs", {})
+    return "; ".join(f"`{name}` ran `{c.get('commit', '?')}`" for name, c in configs.items() if "commit" in c)
+
+
+def introspection_sections(results: Results) -> list[str]:
+    """RESULTS.md's issue-12 parts: its targets, the mixed load and today's main beside this commit."""
+    parts: list[str] = []
+    targets = introspection_targets(results)
+    if targets:
+        passed = sum(t.ok is True for t in targets)
+        parts += [f"## Targets (issue 12): {passed} of {len(targets)} pass", "", targets_table(targets), ""]
+    if results.get("mixes"):
+        parts += [
+            "## Mixed load (issue 12)",
+            "",
+            mixed_table(results),
+            "",
+            "Closed-loop clients assigned to the kinds round-robin, all measured over the same window; `share` is "
+            "the kind's fraction of all completions, `max / p50` its worst latency over its own median.",
+            "",
+        ]
+    if any(c.get("baseline_of") for c in results.get("configs", {}).values()):
+        parts += [
+            "## Today's main beside this commit, same run (issue 12)",
+            "",
+            baseline_table(results),
+            "",
+            f"{_commits_line(results)}. Today's main ran from a temporary `git worktree` with the same settings, "
+            "interpreter and packages, right after `default`; only the `service` package differed.",
+            "",
+        ]
+    return parts
 
 
 def comparison_table(results: Results) -> str:
@@ -201,6 +364,7 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
     versions = ", ".join(f"{k} {v}" for k, v in results.get("versions", {}).items())
     configs = "\n".join(
         f"- `{name}`: {c['description']}; env `{' '.join(f'{k}={v}' for k, v in c['env'].items())}`"
+        + (f"; commit `{c['commit']}`" if "commit" in c else "")
         for name, c in results.get("configs", {}).items()
     )
     targets = evaluate_targets(results)
@@ -227,6 +391,7 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
             if targets
             else []
         ),
+        *introspection_sections(results),
         "## hookserve beside raw torch (same run)",
         "",
         comparison_table(results),

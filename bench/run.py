@@ -3,7 +3,7 @@
 Every point waits for an idle machine first and records where the CPU went. The server is
 started here as `python -m service` and stopped by PID at the end, also on Ctrl-C.
 
-    python -m bench.run                  # the full run (about 11 minutes on 2 idle cores)
+    python -m bench.run                  # the full run (about 20 minutes on 2 idle cores)
     python -m bench.run --quick --out /tmp/try.md   # a few seconds per point, for trying
 """
 
@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -24,14 +24,25 @@ from typing import Any, TypeVar
 
 import httpx
 
+from bench import baseline as main_before
 from bench import cluster, features, gpu, raw_torch
-from bench.configs import SETUPS, Setup
-from bench.loadgen import CLIENTS, Client, LoadResult, format_result, measure
+from bench.configs import BASELINE_POINTS, DEFAULT, SETUPS, Mix, Setup
+from bench.loadgen import CLIENTS, Client, LoadResult, MixResult, format_mix, format_result, measure, measure_mix
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
 from bench.payloads import Payload
-from bench.report import batches, comparison_table, evaluate_targets, render_markdown, targets_table
-from bench.server import Server, free_port
+from bench.report import (
+    baseline_table,
+    batches,
+    comparison_table,
+    evaluate_targets,
+    introspection_targets,
+    mixed_table,
+    render_markdown,
+    targets_table,
+)
+from bench.server import REPO, Server, free_port
 from bench.workload import (
+    JPEG_INTROSPECTION_KINDS,
     LABELS,
     Inputs,
     Kind,
@@ -45,7 +56,7 @@ CLIENT_TEXT: dict[str, str] = {
     "wire": "lean bench.wire HTTP/1.1 client (prebuilt request bytes)",
     "httpx": "httpx AsyncClient (as TorchServe's numbers were taken)",
 }
-R = TypeVar("R", LoadResult, raw_torch.RawResult)
+R = TypeVar("R", LoadResult, MixResult, raw_torch.RawResult)
 
 # key: (model, mode, batch, torch threads); the limit rows (two single-thread processes) are run apart.
 # `-thread` rows run on a fresh thread that sets its own torch thread count, as the service's executors do.
@@ -80,6 +91,12 @@ class Plan:
     retries: int
     ig_requests: int
     client: Client = "wire"
+    introspection_s: float = 10.0  # issue 12's JPEG introspection points at 8 and 32 clients
+    mixed_s: float | None = None  # the mixed points; None: each mix's own (20 s for issue 12's)
+
+    def seconds(self, kind: Kind) -> float:
+        """Max measured seconds of a point of this kind."""
+        return min(self.duration_s, self.introspection_s) if kind in JPEG_INTROSPECTION_KINDS else self.duration_s
 
 
 def log(msg: str) -> None:
@@ -142,11 +159,14 @@ def conv_layers(url: str, model: str = "resnet18") -> list[str]:
         return [layer["name"] for layer in response.json()["layers"] if layer["type"] == "Conv2d"]
 
 
-def measure_config(setup: Setup, plan: Plan, port: int, workdir: Path, inputs: Inputs) -> list[dict[str, Any]]:
+def measure_config(
+    setup: Setup, plan: Plan, port: int, workdir: Path, inputs: Inputs, *, source: Path = REPO
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Start a server in this config (from the checkout `source`), measure its points, then its mixes."""
     cfg = setup.config
     points: list[dict[str, Any]] = []
     log(f"starting hookserve ({cfg.name}: {cfg.description}) on port {port}")
-    with Server(cfg, port, workdir) as server:
+    with Server(cfg, port, workdir, source=source) as server:
         payloads = build_payloads(inputs, conv_layers(server.url))
         for kind, clients in setup.points:
             payload: Payload = payloads[kind]
@@ -155,14 +175,18 @@ def measure_config(setup: Setup, plan: Plan, port: int, workdir: Path, inputs: I
             warmup = 1 if ig else None
 
             def run(
-                payload: Payload = payload, clients: int = clients, budget: int = budget, warmup: int | None = warmup
+                payload: Payload = payload,
+                clients: int = clients,
+                budget: int = budget,
+                warmup: int | None = warmup,
+                payload_kind: Kind = kind,
             ) -> LoadResult:
                 return measure(
                     server.url,
                     payload,
                     clients,
                     max_requests=budget,
-                    max_seconds=plan.duration_s,
+                    max_seconds=plan.seconds(payload_kind),
                     warmup_requests=warmup,
                     server_pid=server.pid,
                     counters=server.batch_counters,
@@ -185,7 +209,69 @@ def measure_config(setup: Setup, plan: Plan, port: int, workdir: Path, inputs: I
             )
             if server.proc is None or server.proc.poll() is not None:
                 raise RuntimeError(f"the server died during {kind.value}:\n{server.log_tail()}")
-    return points
+        mixes = [measure_mix_point(server, cfg.name, mix, payloads, plan) for mix in setup.mixes]
+    return points, mixes
+
+
+def measure_mix_point(
+    server: Server, config: str, mix: Mix, payloads: dict[Kind, Payload], plan: Plan
+) -> dict[str, Any]:
+    """Several kinds at once (clients round-robin), each summarised apart; the record RESULTS.json keeps."""
+    seconds = mix.seconds if plan.mixed_s is None else plan.mixed_s
+
+    def run() -> MixResult:
+        return measure_mix(
+            server.url,
+            [payloads[kind] for kind in mix.kinds],
+            mix.clients,
+            max_requests=plan.max_requests,
+            max_seconds=seconds,
+            server_pid=server.pid,
+            counters=server.batch_counters,
+            client=plan.client,
+        )
+
+    result, attempt = quietest(run, plan, lambda r: f"  {config} {mix.name}: {format_mix(r)}")
+    if server.proc is None or server.proc.poll() is not None:
+        raise RuntimeError(f"the server died during {mix.name}:\n{server.log_tail()}")
+    record = result.to_dict()
+    for part, kind in zip(record["parts"], mix.kinds, strict=True):
+        part["label"] = LABELS[kind]
+    return {
+        "config": config,
+        "name": mix.name,
+        "kinds": [kind.value for kind in mix.kinds],
+        "concurrency": mix.clients,
+        "seconds": seconds,
+        "attempt": attempt,
+        "result": record,
+    }
+
+
+def measure_baseline(
+    ref: str, plan: Plan, port: int, workdir: Path, inputs: Inputs
+) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """Issue 12's before/after points against a second server running `ref` from a temporary worktree.
+
+    The same settings, interpreter and venv as `default`; only the `service` package differs. Returns
+    the config's name, its RESULTS.json entry (with the commit it ran) and its points.
+    """
+    with main_before.checkout(ref, workdir / "baseline") as before:
+        cfg = replace(
+            DEFAULT.config,
+            name=f"{DEFAULT.config.name}@{before.short}",
+            description=f"{DEFAULT.config.description}; the code of {before.ref} (today's main of issue 12)",
+        )
+        log(f"worktree of {before.ref} ({before.commit}) at {before.path}")
+        points, _ = measure_config(Setup(cfg, BASELINE_POINTS), plan, port, workdir, inputs, source=before.path)
+    entry = {
+        "description": cfg.description,
+        "env": cfg.env,
+        "commit": before.commit,
+        "ref": before.ref,
+        "baseline_of": DEFAULT.config.name,
+    }
+    return cfg.name, entry, points
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -212,14 +298,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
     ap.add_argument("--skip-cluster", action="store_true", help="no Ray Serve row (bench/cluster.py)")
     ap.add_argument(
+        "--introspection-duration",
+        type=float,
+        default=10.0,
+        help="max measured seconds of each JPEG introspection point at 8 and 32 clients (default 10)",
+    )
+    ap.add_argument(
+        "--mixed-duration", type=float, default=None, help="seconds of each mixed point (default: its own, 20)"
+    )
+    ap.add_argument(
+        "--baseline-ref",
+        default=main_before.DEFAULT_REF,
+        help=f"commit to measure beside `default` from a temporary worktree (default {main_before.DEFAULT_REF}, "
+        "issue 12's today's main)",
+    )
+    ap.add_argument("--skip-baseline", action="store_true", help="no second server from --baseline-ref")
+    ap.add_argument(
         "--client",
         choices=CLIENTS,
         default="wire",
         help="load generator's HTTP client: wire (lean, default) or httpx (as TorchServe was measured)",
     )
     args = ap.parse_args(argv)
+    if not args.skip_baseline and "default" in args.configs and not args.gpu:
+        try:
+            main_before.resolve(args.baseline_ref)  # fail now, not after half the run
+        except RuntimeError as exc:
+            ap.error(f"--baseline-ref {args.baseline_ref}: {exc} (or pass --skip-baseline)")
     if args.quick:
         args.duration, args.raw_duration, args.retries = min(args.duration, 3.0), min(args.raw_duration, 3.0), 0
+        args.introspection_duration = min(args.introspection_duration, 3.0)
+        args.mixed_duration = min(args.mixed_duration or 3.0, 3.0)
         args.features_images = min(args.features_images, 64)
         args.idle_wait = min(args.idle_wait, 10.0)
     if args.out is None and not args.quick:
@@ -239,9 +348,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gpu:
         return gpu.main(args, log)
     ig = 1 if args.quick else 5
-    plan = Plan(args.duration, args.raw_duration, args.requests, args.idle_wait, args.retries, ig, args.client)
+    plan = Plan(
+        args.duration,
+        args.raw_duration,
+        args.requests,
+        args.idle_wait,
+        args.retries,
+        ig,
+        args.client,
+        introspection_s=args.introspection_duration,
+        mixed_s=args.mixed_duration,
+    )
     inputs = make_inputs()
     setups = [SETUPS[name] for name in args.configs]
+    commit = main_before.head_commit()
     results: dict[str, Any] = {
         "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -255,9 +375,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{plan.ig_requests}) after a warm-up of 2 x clients requests; before each point a wait for an idle "
             f"machine (< 0.10 cores busy over 2 s, at most {plan.idle_wait_s:g} s); raw rows {plan.raw_s:g} s each"
         ),
-        "configs": {s.config.name: {"description": s.config.description, "env": s.config.env} for s in setups},
+        "configs": {
+            s.config.name: {"description": s.config.description, "env": s.config.env, "commit": commit} for s in setups
+        },
         "raw": {},
         "points": [],
+        "mixes": [],
         "notes": args.notes.read_text() if args.notes is not None else "",
     }
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-") as tmp:
@@ -265,7 +388,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("raw torch rows (no server running)")
             results["raw"] = run_raw(plan, inputs.jpeg)
         for setup in setups:
-            results["points"] += measure_config(setup, plan, args.port or free_port(), Path(tmp), inputs)
+            points, mixes = measure_config(setup, plan, args.port or free_port(), Path(tmp), inputs)
+            results["points"] += points
+            results["mixes"] += mixes
+            if setup is DEFAULT and not args.skip_baseline:  # right after it, on the same machine state
+                name, entry, points = measure_baseline(
+                    args.baseline_ref, plan, args.port or free_port(), Path(tmp), inputs
+                )
+                results["configs"][name] = entry
+                results["points"] += points
         if not args.skip_cluster:
             results["cluster"] = cluster.run(
                 Path(tmp),
@@ -285,6 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(comparison_table(results))
     print()
     print(targets_table(evaluate_targets(results)))
+    print()
+    print(targets_table(introspection_targets(results)))
+    print()
+    print(mixed_table(results))
+    print()
+    print(baseline_table(results))
     print()
     print(cluster.table(results.get("cluster", {})))
     if args.json is not None:

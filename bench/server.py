@@ -50,10 +50,17 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class Server:
-    """`with Server(cfg, port, workdir) as s:` starts the service, waits for /readyz, stops it by PID on exit."""
+    """`with Server(cfg, port, workdir) as s:` starts the service, waits for /readyz, stops it by PID on exit.
 
-    def __init__(self, cfg: ServerConfig, port: int, workdir: Path, ready_timeout_s: float = 300.0) -> None:
+    `source` is the checkout whose `service` package runs: this one by default, or another commit's
+    worktree (bench.baseline), run from there with `PYTHONPATH` pointing at it.
+    """
+
+    def __init__(
+        self, cfg: ServerConfig, port: int, workdir: Path, ready_timeout_s: float = 300.0, source: Path = REPO
+    ) -> None:
         self.cfg = cfg
+        self.source = source
         self.port = port
         self.workdir = workdir
         self.ready_timeout_s = ready_timeout_s
@@ -77,11 +84,35 @@ class Server:
             toml = self.workdir / f"models-{self.cfg.name}.toml"
             toml.write_text(self.cfg.config_toml)
             cmd += ["--config", str(toml)]
+        env = self.environment()
+        if self.source != REPO and (origin := self.service_origin()) != self.source.resolve():
+            raise RuntimeError(f"`python -m service` in {self.source} would run the package in {origin}")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.source, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready(self.proc)
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment without `HOOKSERVE_*`, plus the config's settings; for another checkout,
+        `PYTHONPATH` is that checkout alone (an editable install of the venv may point at yet another one)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKSERVE_")}
         env.update({"HOOKSERVE_LOG_LEVEL": "warning", **self.cfg.env})
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready(self.proc)
+        if self.source != REPO:
+            env["PYTHONPATH"] = str(self.source)
+        return env
+
+    def service_origin(self) -> Path:
+        """The checkout `python -m service` imports the package from, with this server's folder and environment."""
+        code = "import pathlib, service; print(pathlib.Path(service.__file__).resolve().parent.parent)"
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=self.source,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return Path(done.stdout.strip())
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.ready_timeout_s

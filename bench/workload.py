@@ -14,7 +14,9 @@ from bench.raw_torch import RESNET_SPEC
 from service.codecs.preprocess import preprocess_image
 
 ONE_LAYER = "layer1.0.conv1"  # output [1, 64, 56, 56] for a 224x224 input
+LAST_STAGE = "layer4"  # issue 12's one layer: output [1, 512, 7, 7], reduced to [1, 512]
 LENET_SAMPLE = Path(__file__).resolve().parent.parent / "service" / "zoo" / "samples" / "digit_3.png"
+JPEG = "image/jpeg"
 
 
 class Kind(StrEnum):
@@ -29,6 +31,10 @@ class Kind(StrEnum):
     SALIENCY_GRADCAM = "saliency-gradcam"
     SALIENCY_IG = "saliency-ig32"
     LENET_PREDICT = "lenet-predict"
+    ACTIVATIONS_L4_JPEG = "activations-layer4-mean-jpeg"
+    ACTIVATIONS_ALLCONV_ST_JPEG = "activations-allconv-st-jpeg"
+    GRADIENTS_L4_JPEG = "gradients-layer4-jpeg"
+    SALIENCY_GRADCAM_JPEG = "saliency-gradcam-jpeg"
 
 
 LABELS: dict[Kind, str] = {
@@ -41,6 +47,10 @@ LABELS: dict[Kind, str] = {
     Kind.SALIENCY_GRADCAM: "resnet18 /saliency gradcam, JSON (tensor input)",
     Kind.SALIENCY_IG: "resnet18 /saliency integrated_gradients steps=32, JSON (tensor input)",
     Kind.LENET_PREDICT: "lenet /predict, 8x8 PNG multipart upload",
+    Kind.ACTIVATIONS_L4_JPEG: f"resnet18 /activations, {LAST_STAGE} reduce=mean, JSON (JPEG multipart upload)",
+    Kind.ACTIVATIONS_ALLCONV_ST_JPEG: "resnet18 /activations, every Conv2d output, safetensors (JPEG multipart upload)",
+    Kind.GRADIENTS_L4_JPEG: f"resnet18 /gradients, {LAST_STAGE}, top-1, include_input=false, JSON (JPEG upload)",
+    Kind.SALIENCY_GRADCAM_JPEG: "resnet18 /saliency gradcam, JSON (JPEG multipart upload)",
 }
 PREDICT_KINDS = (Kind.PREDICT_JPEG_MULTIPART, Kind.PREDICT_JPEG_B64, Kind.PREDICT_TENSOR)
 INTROSPECTION_KINDS = (
@@ -49,6 +59,12 @@ INTROSPECTION_KINDS = (
     Kind.ACTIVATIONS_1LAYER_ST,
     Kind.SALIENCY_GRADCAM,
     Kind.SALIENCY_IG,
+)
+JPEG_INTROSPECTION_KINDS = (  # issue 12: hooked requests under load, with the upload a user sends
+    Kind.ACTIVATIONS_L4_JPEG,
+    Kind.ACTIVATIONS_ALLCONV_ST_JPEG,
+    Kind.GRADIENTS_L4_JPEG,
+    Kind.SALIENCY_GRADCAM_JPEG,
 )
 
 
@@ -89,6 +105,10 @@ def build_payloads(inputs: Inputs, conv_layers: list[str], model: str = "resnet1
     def js(kind: Kind, path: str, items: list[object] | None = None, **extra: object) -> Payload:
         return json_payload(kind.value, path, {"model": model, "inputs": items or [tensor], **extra})
 
+    def upload(kind: Kind, path: str, **fields: str) -> Payload:
+        """The cat JPEG as a multipart upload with form fields, as `curl -F k=v -F image=@cat.jpg` sends it."""
+        return multipart_payload(kind.value, path, {"model": model, **fields}, [("chelsea.jpg", inputs.jpeg, JPEG)])
+
     return {
         Kind.PREDICT_JPEG_MULTIPART: multipart_payload(
             Kind.PREDICT_JPEG_MULTIPART.value,
@@ -112,6 +132,16 @@ def build_payloads(inputs: Inputs, conv_layers: list[str], model: str = "resnet1
         Kind.LENET_PREDICT: multipart_payload(
             Kind.LENET_PREDICT.value, "/predict", {"model": "lenet"}, [(LENET_SAMPLE.name, inputs.png, "image/png")]
         ),
+        Kind.ACTIVATIONS_L4_JPEG: upload(
+            Kind.ACTIVATIONS_L4_JPEG, "/activations", layers=LAST_STAGE, reduce="mean", format="json"
+        ),
+        Kind.ACTIVATIONS_ALLCONV_ST_JPEG: upload(
+            Kind.ACTIVATIONS_ALLCONV_ST_JPEG, "/activations", layers=",".join(conv_layers), format="safetensors"
+        ),
+        Kind.GRADIENTS_L4_JPEG: upload(
+            Kind.GRADIENTS_L4_JPEG, "/gradients", layers=LAST_STAGE, include_input="false", format="json"
+        ),
+        Kind.SALIENCY_GRADCAM_JPEG: upload(Kind.SALIENCY_GRADCAM_JPEG, "/saliency", method="gradcam", format="json"),
     }
 
 
@@ -120,6 +150,6 @@ def baseline(kind: Kind, clients: int, torch_threads: int) -> str:
     threads = 2 if torch_threads >= 2 else 1
     if kind is Kind.LENET_PREDICT:
         return "lenet-forward-b1-t1"
-    if kind in (Kind.PREDICT_JPEG_MULTIPART, Kind.PREDICT_JPEG_B64):
+    if kind in (Kind.PREDICT_JPEG_MULTIPART, Kind.PREDICT_JPEG_B64, *JPEG_INTROSPECTION_KINDS):
         return "e2e-b8-t2" if clients > 1 else f"e2e-b1-t{threads}"
     return "forward-b8-t2" if clients > 1 else f"forward-b1-t{threads}"
