@@ -1,6 +1,6 @@
 """The page reads what the server offers from /openapi.json: a saliency method the server does not have
-and /interventions (issue 14) are served here as stand-in schema and answers in the browser, so the page
-is shown to offer whatever the schema offers; every other request still goes to the live server."""
+is served here as a stand-in schema, and /interventions is hidden from one, so the page is shown to offer
+whatever the schema offers; every request still goes to the live server."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.browser.inspector_page import (
 from tests.reliability.live_server import LiveServer
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Route
+    pass
 
 NEW_METHOD = "occlusion"  # a method the server does not have: it must still appear, with its own fields
 NEW_FIELDS = {
@@ -71,31 +71,6 @@ def with_new_method(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def with_interventions(schema: dict[str, Any]) -> dict[str, Any]:
-    """POST /interventions as issue 14 describes it: base inputs and a list of edits {site, op, channels}."""
-    out = copy.deepcopy(schema)
-    components = out["components"]["schemas"]
-    components["InterventionEdit"] = {
-        "type": "object",
-        "properties": {
-            "site": {"type": "string"},
-            "op": {"type": "string", "enum": ["zero", "scale"]},
-            "channels": {"type": "array", "items": {"type": "integer"}},
-        },
-    }
-    components["InterventionsRequest"] = {
-        "type": "object",
-        "properties": {
-            "model": {"type": "string"},
-            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InputItem"}},
-            "edits": {"type": "array", "items": {"$ref": "#/components/schemas/InterventionEdit"}},
-        },
-    }
-    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/InterventionsRequest"}}}}
-    out["paths"]["/interventions"] = {"post": {"requestBody": body, "responses": {"200": {"description": "ok"}}}}
-    return out
-
-
 def test_a_saliency_union_gives_each_method_its_own_fields(watch: Watch, schema: dict[str, Any]) -> None:
     watch.allow(r"Failed to load resource: the server responded with a status of 422")
     page = watch.page
@@ -121,40 +96,33 @@ def test_a_saliency_union_gives_each_method_its_own_fields(watch: Watch, schema:
     watch.screenshot("saliency-union-schema")
 
 
-def test_the_interventions_panel_stays_hidden_without_the_endpoint(watch: Watch) -> None:
+def test_the_interventions_panel_stays_hidden_without_the_endpoint(watch: Watch, schema: dict[str, Any]) -> None:
+    without = copy.deepcopy(schema)
+    without["paths"].pop("/interventions")
     page = watch.page
+    page.route("**/openapi.json", lambda route: route.fulfill(json=without))
     open_inspector(page, "model=lenet")
     assert page.is_hidden("#interventions-panel")
 
 
-def test_the_interventions_panel_zeroes_the_unticked_channels(
-    watch: Watch, server: LiveServer, schema: dict[str, Any]
-) -> None:
+def test_the_interventions_panel_zeroes_the_unticked_channels(watch: Watch, server: LiveServer) -> None:
+    """Against the server's own /interventions: zeroing channel 15 of conv2 turns the 7 into an 8."""
     page = watch.page
     sent: list[dict[str, Any]] = []
-
-    def interventions(route: Route) -> None:
-        body = json.loads(route.request.post_data or "{}")
-        sent.append(body)
-        plain = {"model": body["model"], "inputs": body["inputs"], "top_k": 5}
-        clean = httpx.post(f"{server.base_url}/predict", json=plain, timeout=30).json()
-        edited = [dict(c, score=c["score"] / 2) for c in reversed(clean["predictions"][0]["top_k"])]
-        route.fulfill(json={"model": "lenet", "clean": clean["predictions"], "edited": [{"top_k": edited}]})
-
-    page.route("**/openapi.json", lambda route: route.fulfill(json=with_interventions(schema)))
-    page.route("**/interventions", interventions)
+    page.on(
+        "request", lambda r: sent.append(json.loads(r.post_data or "{}")) if r.url.endswith("/interventions") else None
+    )
     open_inspector(page, "model=lenet")
     assert page.is_visible("#interventions-panel")
-    pick_sample(page, "digit_6")
+    pick_sample(page, "digit_7")
     clean = wait_prediction(page)
-    select_layer(page, "conv1")
-    assert page.locator("#edit-channels input").count() == 6
-    page.uncheck("#edit-channels input[value='0']")
-    page.uncheck("#edit-channels input[value='3']")
+    assert clean[0].index == 7
+    select_layer(page, "conv2")
+    assert page.locator("#edit-channels input").count() == 16
+    page.uncheck("#edit-channels input[value='15']")
     page.click("#edit-form button[type=submit]")
     page.wait_for_selector('#interventions-panel[data-state="done"]')
-    assert sent[0]["edits"] == [{"site": "conv1", "op": "zero", "channels": [0, 3]}]
-    assert sent[0]["model"] == "lenet"
-    assert top_k(page, "#edit-clean") == clean
-    assert [r.index for r in top_k(page, "#edit-edited")] == [r.index for r in reversed(clean)]
-    watch.screenshot("interventions-stand-in")
+    assert sent[0]["edits"] == [{"site": "conv2", "op": "zero", "channels": [15]}]
+    assert [r.index for r in top_k(page, "#edit-clean")] == [r.index for r in clean]
+    assert top_k(page, "#edit-edited")[0].index == 8
+    watch.screenshot("interventions")
