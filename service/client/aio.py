@@ -28,7 +28,15 @@ from service.client.calls import DEFAULT, Call, Target, TimeoutArg, Wire
 from service.client.errors import Conflict
 from service.client.inputs import ImageInput, Inputs
 from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, OptimizerInfo, StateDict, Summary
-from service.client.results import Activations, ActivationStats, Gradients, Predictions, Saliency
+from service.client.results import (
+    Activations,
+    ActivationStats,
+    Gradients,
+    Intervention,
+    Predictions,
+    Saliency,
+    Sweep,
+)
 from service.client.retry import Retry
 from service.client.tensors import Array
 
@@ -188,6 +196,40 @@ class AsyncClient(ClientBase):
         """d(target logit)/d(layer outputs) and d/d(input); `target` None is each input's top-1."""
         call = calls.gradients(model, inputs, self.wire, target=target, layers=layers, include_input=include_input)
         return await self.send(call, timeout)
+
+    async def interventions(
+        self,
+        model: str,
+        inputs: Inputs,
+        edits: Sequence[Mapping[str, Any]],
+        *,
+        sources: Mapping[str, Inputs] | None = None,
+        target: Target = None,
+        layers: Sequence[str] = (),
+        timeout: TimeoutArg = DEFAULT,
+    ) -> Intervention[Array]:
+        """Apply `edits` (e.g. `{"site": "conv2", "op": "zero", "channels": [15]}`; ops zero, scale, add, clamp,
+        mean, noise, patch, set) in one forward: the top-k before and after, the target's change, captures of
+        `layers` after the edits. `sources` names donor runs for `patch` edits."""
+        call = calls.interventions(model, inputs, self.wire, edits=edits, sources=sources, target=target, layers=layers)
+        return await self.send(call, timeout)
+
+    async def sweep(
+        self,
+        model: str,
+        inputs: Inputs,
+        site: str,
+        *,
+        call: int = 1,
+        op: str = "zero",
+        channels: tuple[int, int] | None = None,
+        target: Target = None,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> Sweep:
+        """Ablate each channel of `site` (`op` zero or mean; `channels` a [start, stop) range) in turn and rank
+        the channels by the change of the target score, most needed first."""
+        request = calls.sweep(model, inputs, self.wire, site=site, call=call, op=op, channels=channels, target=target)
+        return await self.send(request, timeout)
 
     async def saliency(
         self,

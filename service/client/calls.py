@@ -17,9 +17,17 @@ from urllib.parse import quote
 import httpx
 from PIL import Image
 
-from service.client.inputs import Body, ImageInput, Inputs, build_body
+from service.client.inputs import Body, ImageInput, Inputs, build_body, json_inputs
 from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, OptimizerInfo, StateDict, Summary
-from service.client.results import Activations, ActivationStats, Gradients, Predictions, Saliency
+from service.client.results import (
+    Activations,
+    ActivationStats,
+    Gradients,
+    Intervention,
+    Predictions,
+    Saliency,
+    Sweep,
+)
 from service.client.tensors import Array, binary_answer, from_json_tensor, read_safetensors
 
 T = TypeVar("T")
@@ -218,6 +226,64 @@ def saliency_image(
 ) -> Call[Image.Image]:
     fields = {"method": method, "target": _targets(target), **params, "format": "png", "alpha": alpha}
     return Call("POST", "/saliency", _image, body=lambda: build_body(model, inputs, fields, binary=_binary(wire)))
+
+
+def interventions(
+    model: str,
+    inputs: Inputs,
+    wire: Wire,
+    *,
+    edits: Sequence[Mapping[str, Any]],
+    sources: Mapping[str, Inputs] | None,
+    target: Target,
+    layers: Sequence[str],
+) -> Call[Intervention[Array]]:
+    """Edits are the API's own dicts (`{"site": ..., "op": "zero", "channels": [...]}`); `sources` (donor runs
+    for `patch`) go as JSON with base64 inputs, so a request with sources is sent as JSON whatever `wire` says."""
+    fields: dict[str, Any] = {"edits": list(edits), "target": _targets(target), "include_logits": True}
+    if layers:
+        fields |= {"layers": list(layers), "format": wire.value}
+
+    def body() -> Body:
+        if sources:
+            donors = {name: json_inputs(items) for name, items in sources.items()}
+            return build_body(model, inputs, fields | {"sources": donors}, binary=False)
+        return build_body(model, inputs, fields, binary=_binary(wire))
+
+    def parse(r: httpx.Response) -> Intervention[Array]:
+        if _is_binary(r):
+            tensors, rest = binary_answer(r.content, wire.value)
+            return Intervention.build(rest, Activations.from_binary(tensors, rest))
+        data = r.json()
+        nested = {
+            layer: {side: from_json_tensor(t) for side, t in sides.items()}
+            for layer, sides in (data.get("activations") or {}).items()
+        }
+        return Intervention.build(data, Activations(str(data["model"]), nested))
+
+    return Call("POST", "/interventions", parse, body=body)
+
+
+def sweep(
+    model: str,
+    inputs: Inputs,
+    wire: Wire,
+    *,
+    site: str,
+    call: int,
+    op: str,
+    channels: tuple[int, int] | None,
+    target: Target,
+) -> Call[Sweep]:
+    fields: dict[str, Any] = {"site": site, "call": call, "op": op, "target": _targets(target)}
+    if channels is not None:
+        fields["channels"] = list(channels)
+    return Call(
+        "POST",
+        "/interventions/sweep",
+        lambda r: Sweep.from_json(r.json()),
+        body=lambda: build_body(model, inputs, fields, binary=_binary(wire)),
+    )
 
 
 def _binary(wire: Wire) -> bool:

@@ -86,6 +86,11 @@ def build_body(model: str, inputs: Inputs, fields: Mapping[str, Any], *, binary:
     return Body(json={"model": model, "inputs": encoded, **{k: v for k, v in fields.items() if v is not None}})
 
 
+def json_inputs(inputs: Inputs) -> list[dict[str, Any]]:
+    """Inputs as the JSON `inputs` list: images base64, tensors base64 bytes (donor runs of /interventions)."""
+    return [_json_input(item, True) for item in as_list(inputs)]
+
+
 def form_value(value: Any) -> str:
     """A JSON field as a multipart form value: booleans true/false, lists and objects as JSON."""
     import json

@@ -224,3 +224,81 @@ class Saliency(Generic[A]):
                 )
             )
         return Saliency(str(data["model"]), str(data["method"]), results)
+
+
+@dataclass(frozen=True)
+class Change:
+    """How an intervention moved one input's target score."""
+
+    target: int
+    label: str
+    clean_score: float
+    edited_score: float
+    delta: float
+    kl_divergence: float
+
+
+@dataclass(frozen=True)
+class Intervention(Generic[A]):
+    """`POST /interventions`: the top-k before and after the edits, the target's change per input, what fired
+    where (`applied`), and captures after the edits (`activations`, as `Activations`; empty unless asked)."""
+
+    model: str
+    clean: list[Prediction]
+    edited: list[Prediction]
+    change: list[Change]
+    applied: list[dict[str, Any]]
+    activations: Activations[A]
+
+    @classmethod
+    def build(cls, data: Mapping[str, Any], activations: Activations[A]) -> Intervention[A]:
+        change = [
+            Change(
+                int(c["target"]),
+                str(c["label"]),
+                float(c["clean_score"]),
+                float(c["edited_score"]),
+                float(c["delta"]),
+                float(c["kl_divergence"]),
+            )
+            for c in data["change"]
+        ]
+        clean = [Prediction.from_json(p) for p in data["clean"]]
+        edited = [Prediction.from_json(p) for p in data["edited"]]
+        return cls(str(data["model"]), clean, edited, change, list(data["applied"]), activations)
+
+
+@dataclass(frozen=True)
+class ChannelEffect:
+    channel: int
+    delta: float  # the mean change of the target score when the channel is ablated
+    deltas: list[float]  # per input
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """`POST /interventions/sweep`: channels ranked by the change of the target score, most needed first."""
+
+    model: str
+    site: str
+    call: int
+    op: str
+    targets: list[int]
+    clean_scores: list[float]
+    channels: list[ChannelEffect]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Sweep:
+        effects = [
+            ChannelEffect(int(c["channel"]), float(c["delta"]), [float(d) for d in c["deltas"]])
+            for c in data["channels"]
+        ]
+        return cls(
+            str(data["model"]),
+            str(data["site"]),
+            int(data["call"]),
+            str(data["op"]),
+            [int(t) for t in data["targets"]],
+            [float(s) for s in data["clean_scores"]],
+            effects,
+        )

@@ -146,6 +146,25 @@ def test_saliency_equals_the_raw_answer(client: Client, raw: httpx.Client) -> No
     np.testing.assert_array_equal(np.asarray(image), np.asarray(Image.open(io.BytesIO(png.content))))
 
 
+def test_interventions_and_sweeps_equal_the_raw_answers(client: Client, raw: httpx.Client) -> None:
+    edits = [{"site": "conv2", "op": "patch", "source": "three", "channels": [0, 1, 2, 3]}]
+    body = {"model": "lenet", "inputs": [{"image": b64(DIGIT_7)}], "edits": edits, "layers": ["fc3"]}
+    expected = post(raw, "/interventions", **body, sources={"three": [{"image": b64(DIGIT_3)}]}, include_logits=True)
+    got = client.interventions("lenet", DIGIT_7, edits, sources={"three": DIGIT_3}, layers=["fc3"])
+    assert matches(got.clean, expected["clean"])
+    assert matches(got.edited, expected["edited"])
+    assert matches(got.change, expected["change"])
+    assert got.applied == expected["applied"]
+    np.testing.assert_allclose(
+        got.activations.output("fc3"), array(expected["activations"]["fc3"]["output"]), rtol=1e-6
+    )
+    sweep = {"model": "lenet", "inputs": [{"image": b64(DIGIT_7)}], "site": "conv2", "channels": [0, 6], "target": 7}
+    expected = post(raw, "/interventions/sweep", **sweep)
+    ranked = client.sweep("lenet", DIGIT_7, "conv2", channels=(0, 6), target=7)
+    assert matches(ranked, expected)
+    assert [c.channel for c in ranked.channels] == [c["channel"] for c in expected["channels"]]
+
+
 def test_introspection_equals_the_raw_answers(client: Client, raw: httpx.Client) -> None:
     assert [dataclasses.asdict(x) for x in client.layers("lenet")] == raw.get("/models/lenet/layers").json()["layers"]
     summary = raw.get("/models/lenet/summary", params={"depth": 1, "input_size": "2,3,32,32"}).json()
