@@ -87,15 +87,15 @@ class _Recorder:
         if self.capture is Capture.output:
             return
         if len(args) == 1 and not any(isinstance(v, Tensor) for v in kwargs.values()):
-            items = _flatten(base, args[0])
+            items = flat_tensors(base, args[0])
         else:
-            items = itertools.chain(_flatten(base, args), _flatten(base, kwargs))
+            items = itertools.chain(flat_tensors(base, args), flat_tensors(base, kwargs))
         for key, t in items:
             self._store(key, "input", t)
 
     def hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         base = self.open.pop()
-        for key, t in _flatten(base, output):
+        for key, t in flat_tensors(base, output):
             self._store(key, "output", t)
 
     def _store(self, key: str, side: str, t: Tensor) -> None:
@@ -103,16 +103,16 @@ class _Recorder:
         self.captured.setdefault(key, {})[side] = t.detach().clone(memory_format=torch.contiguous_format)
 
 
-def _flatten(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:
+def flat_tensors(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:
     """(key, tensor) pairs of a layer's output or arguments; see the module docstring."""
     if isinstance(value, Tensor):
         yield key, value
     elif isinstance(value, Mapping):
         for k, v in value.items():
-            yield from _flatten(f"{key}.{k}", v)
+            yield from flat_tensors(f"{key}.{k}", v)
     elif isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
-            yield from _flatten(f"{key}.{i}", v)
+            yield from flat_tensors(f"{key}.{i}", v)
 
 
 def captured_outputs(captured: Captured) -> dict[str, Tensor]:
