@@ -27,6 +27,7 @@ from service.api.routes import (
     introspect,
     metrics,
     models,
+    nodes,
     predict,
     saliency,
     ui,
@@ -58,6 +59,7 @@ ROUTERS = (
     gradients.router,
     saliency.router,
     introspect.router,
+    nodes.router,  # /models/{name}/nodes: FX graph nodes
     checkpoints.router,
     metrics.router,
     v2.router,  # /v2: the Open Inference Protocol, with its own error envelope

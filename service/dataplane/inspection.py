@@ -9,8 +9,11 @@ from typing import Any
 import torch
 
 from service.dataplane.base import PlaneBase
+from service.dataplane.nodes import node_graph
+from service.errors import InvalidField
 from service.introspection.capture import Captured
 from service.introspection.layers import resolve_layers
+from service.introspection.nodes import resolve_nodes
 from service.introspection.predictions import top_k_predictions
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.schemas.activations import ActivationsRequest
@@ -25,11 +28,14 @@ class Activations:
 
 class Inspection(PlaneBase):
     async def activations(self, body: ActivationsRequest, images: Sequence[bytes] | None) -> Activations:
-        """Layers are resolved before the inputs are decoded; the request joins a hooked batch of its model."""
+        """Layers and nodes are resolved before the inputs are decoded; the request joins a hooked batch."""
         served = self.ready(body.model)
         model = served.model
-        names = resolve_layers(model.layer_names, body.layers, self.settings.max_layers)
-        request = CaptureRequest(tuple(names), body.capture, body.reduce)
+        limit = self.settings.max_layers
+        names = resolve_layers(model.layer_names, body.layers, limit) if body.layers else []
+        nodes = resolve_nodes(await node_graph(served), body.nodes, limit) if body.nodes else []
+        _check_sites(names, nodes, limit)
+        request = CaptureRequest(tuple(names), body.capture, body.reduce, tuple(nodes))
         found: CaptureResult = await served.executor.submit(
             ACTIVATIONS, self.decode(body.inputs, images, model), request
         )
@@ -38,3 +44,17 @@ class Inspection(PlaneBase):
         if isinstance(output, torch.Tensor) and output.ndim == 2:
             predictions = top_k_predictions(output, 5, model.label, include_logits=False)
         return Activations(model.name, predictions, found.captured)
+
+
+def _check_sites(layers: Sequence[str], nodes: Sequence[str], limit: int) -> None:
+    """Layers and nodes count together against max_layers; a name in both would key two captures alike."""
+    if len(layers) + len(nodes) > limit:
+        raise InvalidField(
+            f"{len(layers)} layers and {len(nodes)} nodes, more than the limit of {limit} (max_layers) together; "
+            "name fewer or use narrower patterns"
+        )
+    both = sorted(set(layers) & set(nodes))
+    if both:
+        raise InvalidField(
+            f"{', '.join(repr(n) for n in both)}: named both as a layer and as a node; name each in one of them"
+        )

@@ -12,9 +12,10 @@ from service.dataplane.catalogue import Catalogue
 from service.dataplane.checkpoints import Checkpoints
 from service.dataplane.inference import Inference
 from service.dataplane.inspection import Inspection
+from service.dataplane.nodes import Nodes
 from service.dataplane.oip import OpenInference
 from service.dataplane.repository import Repository
 
 
-class DataPlane(Inference, Inspection, Attribution, Catalogue, Checkpoints, OpenInference, Repository):
+class DataPlane(Inference, Inspection, Nodes, Attribution, Catalogue, Checkpoints, OpenInference, Repository):
     """Every operation of the service, each taking a validated request and returning a typed result."""
