@@ -3,8 +3,7 @@
 The tracer is torchvision's `NodePathTracer` with the defaults of `get_graph_node_names` (torchvision
 ops as leaves, `math` and `torchvision.ops` functions wrapped), run once in the module's own mode:
 the served module is never switched to train (DESIGN.md invariant 3), so the names are the
-eval-mode list. FX patches `nn.Module.__call__` and `__getattr__` process-wide while it traces;
-one lock keeps our traces apart, and the tracer lets every other thread's modules run untouched.
+eval-mode list. The trace is safe beside forwards on other threads (`fx_tracing`).
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +22,8 @@ from torchvision.models.feature_extraction import NodePathTracer
 
 from service.dtypes import dtype_name
 from service.errors import first_line, scrub_paths
+from service.introspection.fx_tracing import TRACING, ThreadLocalTracing
 from service.introspection.nodes.graph import NodeGraph, NodeInfo, run_nodes
-
-_TRACING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ def trace_nodes(model: nn.Module, example: Tensor) -> NodeGraph | Untraceable:
     """
     tracer = _Tracer()
     try:
-        with _TRACING:
+        with TRACING:
             graph = tracer.trace(model)
         module = fx.GraphModule(tracer.root, graph, type(model).__name__)
     except Exception as exc:  # TraceError, TypeError on int(proxy), NotImplementedError, ...
@@ -75,25 +71,16 @@ def trace_nodes(model: nn.Module, example: Tensor) -> NodeGraph | Untraceable:
     return dataclasses.replace(nodes, info=info, input_size=tuple(example.shape))
 
 
-class _Tracer(NodePathTracer):  # type: ignore[misc]  # torchvision is untyped
-    """NodePathTracer that records the module each node runs in and passes other threads through."""
+class _Tracer(ThreadLocalTracing, NodePathTracer):  # type: ignore[misc]  # torchvision is untyped
+    """torchvision's NodePathTracer with its defaults, recording the module each node runs in."""
 
     def __init__(self) -> None:
-        super().__init__(autowrap_modules=(math, torchvision.ops), leaf_modules=_torchvision_op_modules())
-        self.thread = threading.get_ident()
+        defaults: dict[str, Any] = {  # get_graph_node_names' defaults
+            "autowrap_modules": (math, torchvision.ops),
+            "leaf_modules": _torchvision_op_modules(),
+        }
+        super().__init__(**defaults)
         self.owners: dict[fx.Node, str] = {}
-
-    def call_module(
-        self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        if threading.get_ident() != self.thread:  # another model's forward while FX's patch is in place
-            return forward(*args, **kwargs)
-        return super().call_module(m, forward, args, kwargs)
-
-    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
-        if threading.get_ident() != self.thread:
-            return attr_val
-        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def create_proxy(self, *args: Any, **kwargs: Any) -> fx.Proxy:
         proxy: fx.Proxy = super().create_proxy(*args, **kwargs)
