@@ -33,6 +33,8 @@ class Inspection(PlaneBase):
         model = served.model
         limit = self.settings.max_layers
         names = resolve_layers(model.layer_names, body.layers, limit) if body.layers else []
+        if len(body.nodes) > limit:  # before a first request's trace
+            raise InvalidField(f"nodes: {len(body.nodes)} names given, more than the limit of {limit} (max_layers)")
         nodes = resolve_nodes(await node_graph(served), body.nodes, limit) if body.nodes else []
         _check_sites(names, nodes, limit)
         request = CaptureRequest(tuple(names), body.capture, body.reduce, tuple(nodes))

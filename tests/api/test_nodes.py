@@ -297,3 +297,14 @@ def test_a_shape_the_graph_cannot_run_is_422_and_leaves_no_hooks(builtin_client:
     assert response.status_code == 422
     assert "cannot run on samples of shape [3, 20, 20]" in response.json()["detail"]
     assert_no_hooks(builtin_client, "lenet")
+
+
+def test_too_many_node_names_are_refused_before_any_trace(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = make_client(write_lenet(tmp_path), max_layers=6)
+    nodes = ["x"] * 7
+    response = client.post(
+        "/activations", json={"model": "lenet", "inputs": [tensor_input(digit_pixels(0))], "nodes": nodes}
+    )
+    assert response.status_code == 422
+    assert "nodes: 7 names given, more than the limit of 6 (max_layers)" in response.json()["detail"]
+    assert node_graph(client, "lenet") is None
