@@ -30,6 +30,7 @@ from service.api.routes import (
     introspect,
     metrics,
     models,
+    nodes,
     predict,
     saliency,
     ui,
@@ -70,6 +71,7 @@ ROUTERS = (
     saliency.router,
     interventions.router,
     introspect.router,
+    nodes.router,  # /models/{name}/nodes: FX graph nodes
     checkpoints.router,
     metrics.router,
     v2.router,  # /v2: the Open Inference Protocol, with its own error envelope

@@ -65,13 +65,18 @@ def predict_cost(x: torch.Tensor, shapes: LayerShapes) -> Estimate:
     return Estimate(Cost({"inputs": inputs_bytes(x), "forward": forward_bytes(shapes, n)}))
 
 
-def activations_cost(x: torch.Tensor, shapes: LayerShapes, request: CaptureRequest, fmt: str) -> Estimate:
+def activations_cost(
+    x: torch.Tensor, shapes: LayerShapes, request: CaptureRequest, fmt: str, node_bytes: int = 0
+) -> Estimate:
+    """`node_bytes`: one sample's functional-node captures (at the traced size; scaled like the layers')."""
     n = int(x.shape[0])
     keys = shapes.keys_of(request.layers)
     sides = _SIDES[request.capture]
     reduced = request.reduce is not None
-    numel = n * shapes.numel(keys, sides)
-    captured = n * sum((shapes.output_bytes(keys) if side == "output" else shapes.input_bytes(keys)) for side in sides)
+    nodes = int(node_bytes * shapes.area)
+    numel = n * (shapes.numel(keys, sides) + nodes // max(1, x.element_size()))
+    layers = sum(shapes.output_bytes(keys) if side == "output" else shapes.input_bytes(keys) for side in sides)
+    captured = n * (layers + nodes)
     carried = not reduced and fmt not in ("stats", "png")
     answer = _answer_bytes(numel, captured, fmt) if carried else 0
     parts = {"inputs": inputs_bytes(x), "forward": forward_bytes(shapes, n), "captures": captured, "answer": answer}

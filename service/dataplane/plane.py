@@ -13,9 +13,12 @@ from service.dataplane.checkpoints import Checkpoints
 from service.dataplane.inference import Inference
 from service.dataplane.inspection import Inspection
 from service.dataplane.interventions import Experiments
+from service.dataplane.nodes import Nodes
 from service.dataplane.oip import OpenInference
 from service.dataplane.repository import Repository
 
 
-class DataPlane(Inference, Inspection, Attribution, Experiments, Catalogue, Checkpoints, OpenInference, Repository):
+class DataPlane(
+    Inference, Inspection, Nodes, Attribution, Experiments, Catalogue, Checkpoints, OpenInference, Repository
+):
     """Every operation of the service, each taking a validated request and returning a typed result."""

@@ -61,10 +61,18 @@ def resolve_layers(names: Sequence[str], patterns: Sequence[str], max_layers: in
     A pattern never matches the root; only the exact name `""` does. Unknown names, empty
     matches, an empty list and more than `max_layers` results are InvalidField (422).
     """
+    return resolve_names(names, patterns, max_layers, field="layers", noun="layer", listing="layers")
+
+
+def resolve_names(
+    names: Sequence[str], patterns: Sequence[str], limit: int, *, field: str, noun: str, listing: str
+) -> list[str]:
+    """`resolve_layers` for any list of names (module paths, FX nodes); errors name `field`, `noun`
+    and the `GET /models/{name}/<listing>` that lists the names."""
     if not patterns:
-        raise InvalidField("layers: name at least one layer (GET /models/{name}/layers lists them)")
-    if len(patterns) > max_layers:  # refuse floods before any matching work
-        raise InvalidField(f"layers: {len(patterns)} names given, more than the limit of {max_layers} (max_layers)")
+        raise InvalidField(f"{field}: name at least one {noun} (GET /models/{{name}}/{listing} lists them)")
+    if len(patterns) > limit:  # refuse floods before any matching work
+        raise InvalidField(f"{field}: {len(patterns)} names given, more than the limit of {limit} (max_layers)")
     known = set(names)
     chosen: set[str] = set()
     problems = []
@@ -72,21 +80,21 @@ def resolve_layers(names: Sequence[str], patterns: Sequence[str], max_layers: in
         if _WILDCARDS.intersection(pattern):
             found = {name for name in names if name and fnmatch.fnmatchcase(name, pattern)}
             if not found:
-                problems.append(f"pattern {pattern!r} matches no layer{_hint(pattern, names)}")
+                problems.append(f"pattern {pattern!r} matches no {noun}{_hint(pattern, names)}")
             chosen |= found
         elif pattern in known:
             chosen.add(pattern)
         else:
-            problems.append(f"unknown layer {pattern!r}{_hint(pattern, names)}")
+            problems.append(f"unknown {noun} {pattern!r}{_hint(pattern, names)}")
     if problems:
         shown = problems[:_MAX_PROBLEMS] + (
             [f"and {len(problems) - _MAX_PROBLEMS} more"] if len(problems) > _MAX_PROBLEMS else []
         )
-        raise InvalidField("; ".join(shown) + " (GET /models/{name}/layers lists them)")
-    if len(chosen) > max_layers:
+        raise InvalidField("; ".join(shown) + f" (GET /models/{{name}}/{listing} lists them)")
+    if len(chosen) > limit:
         raise InvalidField(
-            f"layers: {len(chosen)} layers match, more than the limit of {max_layers}; "
-            "name fewer layers or use narrower patterns"
+            f"{field}: {len(chosen)} {noun}s match, more than the limit of {limit}; "
+            f"name fewer {noun}s or use narrower patterns"
         )
     return [name for name in names if name in chosen]
 

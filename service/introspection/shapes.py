@@ -49,6 +49,7 @@ class LayerShapes:
     inputs: dict[str, list[TensorShape]] = field(default_factory=dict)
     layer_of: dict[str, str] = field(default_factory=dict)
     probe: tuple[int, ...] = ()  # the sample shape probed
+    area: float = 1.0  # the input area these shapes are scaled to, over the probe's
 
     def at(self, sample: tuple[int, ...]) -> LayerShapes:
         """These shapes for samples of shape `sample` (no batch dimension)."""
@@ -59,7 +60,7 @@ class LayerShapes:
         def scaled(table: dict[str, list[TensorShape]]) -> dict[str, list[TensorShape]]:
             return {k: [TensorShape(t.shape, t.itemsize, area) for t in v] for k, v in table.items()}
 
-        return LayerShapes(scaled(self.outputs), scaled(self.inputs), self.layer_of, tuple(sample))
+        return LayerShapes(scaled(self.outputs), scaled(self.inputs), self.layer_of, self.probe, area)
 
     def keys_of(self, layers: list[str] | tuple[str, ...]) -> list[str]:
         wanted = set(layers)

@@ -20,6 +20,7 @@ from torch.fx.experimental.optimization import fuse
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from service.errors import first_line
+from service.introspection.fx_tracing import symbolic_trace
 from service.specs.model import ModelSpec
 
 COMPILE_BACKEND = "inductor"
@@ -68,7 +69,7 @@ def fused_copy(module: nn.Module, placement: Placement) -> tuple[nn.Module | Non
     if norms == 0:
         return None, "no BatchNorm to fold"
     try:
-        fused: fx.GraphModule = fuse(module, inplace=False)  # type: ignore[assignment]
+        fused: fx.GraphModule = fuse(symbolic_trace(module), inplace=False, no_trace=True)  # type: ignore[assignment]
     except Exception as exc:  # untraceable forwards (data-dependent control flow...) keep the eager path
         return None, f"FX cannot trace it ({first_line(exc)})"
     left = sum(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from service.introspection.nodes import NodeGraph, Untraceable
 from service.introspection.shapes import LayerShapes
 from service.specs.model import ModelSpec, PreprocessSpec
 
@@ -34,6 +35,7 @@ class LoadedModel:
     fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
     prediction_path: str = "eager"  # what `fast` is: "fused", "compiled", "fused+compiled"; "eager" when None
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+    node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
 
     @property
     def name(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas.common import ModelInputs
 from service.schemas.predict import Prediction
@@ -29,12 +29,33 @@ class ActivationsRequest(ModelInputs):
         },
     )
 
-    layers: list[str] = Field(..., min_length=1, description="Module paths from /layers, or fnmatch patterns.")
+    layers: list[str] = Field([], min_length=1, description="Module paths from /layers, or fnmatch patterns.")
+    nodes: list[str] = Field(
+        [],
+        description=(
+            "FX graph nodes from /models/{name}/nodes (torchvision's names, e.g. `layer1.0.add`), or fnmatch "
+            "patterns: functional code that module hooks miss. Each gives its output, keyed by node name, after "
+            "the layers' keys. `layers`, `nodes` or both; at most max_layers names in all."
+        ),
+        examples=[["layer1.0.add", "flatten"]],
+    )
     capture: Capture = Field(Capture.output, description="output | input | both")
     reduce: Reduce | None = Field(None, description="mean/max over spatial dims ([N, C]), or flatten ([N, -1]).")
     format: ActivationFormat = Field(ActivationFormat.json, description="json | stats | safetensors | npz | png")
     channels: int = Field(64, ge=1, le=1024, description="png: at most this many channels in the grid.")
     png_layer: str | None = Field(None, description="png: which captured layer to draw (default the first).")
+
+    @model_validator(mode="after")
+    def _names_sites(self) -> ActivationsRequest:
+        """At least one layer or node; an input-only capture needs layers (nodes record their outputs)."""
+        if not self.layers and not self.nodes:
+            raise ValueError("name at least one layer (GET /models/{name}/layers) or node (GET /models/{name}/nodes)")
+        if self.capture is Capture.input and not self.layers:
+            raise ValueError(
+                "capture=input records the inputs of layers; nodes record their outputs "
+                "(a node's inputs are the outputs of the nodes /nodes lists as its `inputs`)"
+            )
+        return self
 
 
 class ActivationsResponse(BaseModel):

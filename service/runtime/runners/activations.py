@@ -3,7 +3,9 @@
 Hooks go on the union of the requests' layers (capturing both sides when their captures
 differ); each request then takes its own rows, layers, sides and `name#k` calls, and its own
 reduction, so its answer equals the one it would get alone (up to the kernels' rounding
-for another batch size).
+for another batch size). Requests that name FX nodes share one run of the model's node graph
+over their concatenated inputs the same way; a request naming both gets both, its layers'
+keys first.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 
 import torch
 
+from service.errors import InvalidField
 from service.introspection.capture import Captured, capture_by_layer
+from service.introspection.nodes import NodeGraph, capture_nodes
 from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import forward_checked, split_output, to_cpu, to_device
+from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
 from service.specs.vocab import Capture, Reduce
 
@@ -29,12 +33,22 @@ class CaptureRequest:
     layers: tuple[str, ...]
     capture: Capture = Capture.output
     reduce: Reduce | None = None
+    nodes: tuple[str, ...] = ()  # FX node names; the model's node graph is traced before the request is queued
 
 
 @dataclass
 class CaptureResult:
     captured: Captured
     output: Any  # this request's rows of the model's output, on the CPU
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """What one request takes from a batched capture: the keys of its sites, these sides, reduced so."""
+
+    sites: tuple[str, ...]
+    sides: tuple[str, ...]
+    reduce: Reduce | None
 
 
 class ActivationsRunner(Runner[CaptureRequest]):
@@ -45,35 +59,77 @@ class ActivationsRunner(Runner[CaptureRequest]):
         return ()
 
     def run(self, model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:
-        layers = list(dict.fromkeys(layer for request in requests for layer in request.layers))
-        modes = {request.capture for request in requests}
-        mode = modes.pop() if len(modes) == 1 else Capture.both
-        x = to_device(concatenated(inputs), model)
+        by_layers = [i for i, request in enumerate(requests) if request.layers]
+        by_nodes = [i for i, request in enumerate(requests) if request.nodes]
+        results: dict[int, Any] = {}
+        if by_layers:
+            found = _by_layers(model, [inputs[i] for i in by_layers], [requests[i] for i in by_layers])
+            results.update(zip(by_layers, found, strict=True))
+        if by_nodes:
+            found = _by_nodes(model, [inputs[i] for i in by_nodes], [requests[i] for i in by_nodes])
+            for i, result in zip(by_nodes, found, strict=True):
+                results[i] = _merged(results[i], result) if i in results else result
+        return [results[i] for i in range(len(requests))]
 
-        def forward() -> Any:
-            with torch.inference_mode():
-                return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
 
-        output, captured, keys = capture_by_layer(model.module, layers, mode, forward)
-        bounds = offsets(inputs)
-        total = bounds[-1][1]
-        outputs = [to_cpu(output)] if len(inputs) == 1 else split_output(to_cpu(output), [b - a for a, b in bounds])
-        layer_of = {key: layer for layer, found in keys.items() for key in found}
-        answers: list[Any] = []
-        for request, span, out in zip(requests, bounds, outputs, strict=True):
-            mine = set(request.layers)
-            sides = _SIDES[request.capture]
-            own: Captured = {}
-            for key, found in captured.items():
-                if layer_of[key] not in mine:
-                    continue
-                picked = {
-                    side: t if len(inputs) == 1 else rows(t, span, total) for side, t in found.items() if side in sides
-                }
-                if picked:
-                    own[key] = {side: reduce_tensor(t, request.reduce) for side, t in picked.items()}
-            answers.append(CaptureResult(own, out))
-        return answers
+def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:
+    """Hooks on the union of the requests' layers, one eager forward, each request's own part."""
+    layers = list(dict.fromkeys(layer for request in requests for layer in request.layers))
+    modes = {request.capture for request in requests}
+    mode = modes.pop() if len(modes) == 1 else Capture.both
+    x = to_device(concatenated(inputs), model)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
+
+    output, captured, keys = capture_by_layer(model.module, layers, mode, forward)
+    picks = [_Pick(r.layers, _SIDES[r.capture], r.reduce) for r in requests]
+    return _answers(inputs, output, captured, keys, picks)
+
+
+def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:
+    """One run of the node graph capturing the union of the requests' nodes, each request's own part."""
+    graph = model.node_graph
+    if not isinstance(graph, NodeGraph):
+        raise RuntimeError(f"{model.name} has no node graph: the data plane traces it before queueing a node capture")
+    nodes = list(dict.fromkeys(node for request in requests for node in request.nodes))
+    x = to_device(concatenated(inputs), model)
+    with torch.inference_mode(), foreign_shape_errors(model, x):
+        output, captured, keys = capture_nodes(graph, nodes, x)
+    picks = [_Pick(r.nodes, ("output",), r.reduce) for r in requests]
+    return _answers(inputs, output, captured, keys, picks)
+
+
+def _answers(
+    inputs: Sequence[torch.Tensor], output: Any, captured: Captured, keys: dict[str, list[str]], picks: list[_Pick]
+) -> list[Any]:
+    """Each request's rows of the model's output and of its own sites' keys and sides, reduced as it asks."""
+    bounds = offsets(inputs)
+    total = bounds[-1][1]
+    single = len(inputs) == 1
+    outputs = [to_cpu(output)] if single else split_output(to_cpu(output), [b - a for a, b in bounds])
+    site_of = {key: site for site, found in keys.items() for key in found}
+    answers: list[Any] = []
+    for pick, span, out in zip(picks, bounds, outputs, strict=True):
+        mine = set(pick.sites)
+        own: Captured = {}
+        for key, found in captured.items():
+            if site_of[key] not in mine:
+                continue
+            picked = {side: t if single else rows(t, span, total) for side, t in found.items() if side in pick.sides}
+            if picked:
+                own[key] = {side: reduce_tensor(t, pick.reduce) for side, t in picked.items()}
+        answers.append(CaptureResult(own, out))
+    return answers
+
+
+def _merged(layers: CaptureResult, nodes: CaptureResult) -> CaptureResult | InvalidField:
+    """A request's layer captures, then its node captures; a key both give is that request's 422."""
+    both = [key for key in nodes.captured if key in layers.captured]
+    if both:
+        return InvalidField(f"{', '.join(repr(k) for k in both)}: captured by both a layer and a node; ask for it once")
+    return CaptureResult(layers.captured | nodes.captured, layers.output)
 
 
 ACTIVATIONS = ActivationsRunner()
