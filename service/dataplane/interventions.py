@@ -11,10 +11,12 @@ import torch
 from service.codecs.tensors import tensor_from_payload
 from service.dataplane.base import PlaneBase
 from service.dataplane.costs import Estimate, activations_cost, predict_cost
+from service.dataplane.nodes import node_graph
 from service.errors import InvalidField, TooLarge
 from service.introspection.capture import Captured
 from service.introspection.interventions import EditOp, Fired, Selection
 from service.introspection.layers import closest_names, resolve_layers
+from service.introspection.nodes import NodeGraph, node_bytes, resolve_nodes
 from service.introspection.predictions import require_class_scores, top_k_predictions
 from service.introspection.shapes import LayerShapes
 from service.introspection.targets import check_target, resolve_targets, target_scores
@@ -65,23 +67,35 @@ class Experiments(PlaneBase):
             raise TooLarge(f"{len(body.edits)} edits, over the limit of {s.max_edits} (max_edits)")
         if len(body.sources) > s.max_sources:
             raise TooLarge(f"{len(body.sources)} sources, over the limit of {s.max_sources} (max_sources)")
-        edits = tuple(self._edit(i, edit, model, body) for i, edit in enumerate(body.edits))
+        at_nodes = any(edit.node is not None for edit in body.edits)
+        if at_nodes and any(edit.site is not None for edit in body.edits):
+            raise InvalidField("edits are either all at modules (`site`) or all at functional nodes (`node`)")
+        graph = await node_graph(served) if at_nodes else None
+        if graph is None and body.nodes:
+            raise InvalidField("`nodes` captures go with edits at functional nodes; capture `layers` here")
+        if graph is not None and body.layers:
+            raise InvalidField("with edits at functional nodes, capture `nodes`, not `layers`")
+        edits = tuple(self._edit(i, edit, model, body, graph) for i, edit in enumerate(body.edits))
         layers = resolve_layers(model.layer_names, body.layers, s.max_layers) if body.layers else []
+        nodes = resolve_nodes(graph, body.nodes, s.max_layers) if graph is not None and body.nodes else []
         check_target(body.target, len(body.inputs), model.num_classes, model.labels)
         sources = {name: await self.decode(items, None, model) for name, items in body.sources.items()}
         n = len(body.inputs)
         for name, donor in sources.items():
             if donor.shape[0] not in (1, n):
                 raise InvalidField(f"source {name!r} has {donor.shape[0]} inputs; give 1 (for every input) or {n}")
-        request = InterventionRequest(edits, sources, tuple(layers), body.capture, body.reduce)
+        request = InterventionRequest(
+            edits, sources, tuple(layers), body.capture, body.reduce, at_nodes=at_nodes, nodes=tuple(nodes)
+        )
         fmt = body.format.value
+        extra = node_bytes(graph, nodes) if graph is not None else 0
         found: InterventionResult
         _, found = await self.run_admitted(
             served,
             INTERVENTIONS,
             self._decoded_like(body, images, model, sources),
             request=request,
-            estimate=lambda x, shapes: _cost(x, shapes, request, sources, fmt),
+            estimate=lambda x, shapes: _cost(x, shapes, request, sources, fmt, node_bytes=extra),
             answer=(fmt, ADVICE),
         )
         clean = require_class_scores(found.clean, model.name)
@@ -124,18 +138,25 @@ class Experiments(PlaneBase):
         )
         return Sweep(model.name, body.site, body.call, body.op, result)
 
-    def _edit(self, index: int, edit: Edit, model: LoadedModel, body: InterventionsRequest) -> EditOp:
+    def _edit(
+        self, index: int, edit: Edit, model: LoadedModel, body: InterventionsRequest, graph: NodeGraph | None
+    ) -> EditOp:
         """The schema's edit as the torch side's, its site, call, channels, source and tensor checked first."""
-        _check_site(model, edit.site, edit.call)
-        shapes = model.layer_shapes.outputs.get(site_key(edit.site, edit.call), [])
-        if len(shapes) != 1:
-            raise InvalidField(f"edit {index}: {edit.site!r} gives {len(shapes)} tensors; edits need one")
-        shape = shapes[0].shape
+        site = edit.node if graph is not None else edit.site
+        assert site is not None  # the schema requires one of them
+        if graph is not None:
+            shape = _node_shape(graph, index, site)
+        else:
+            _check_site(model, site, edit.call)
+            shapes = model.layer_shapes.outputs.get(site_key(site, edit.call), [])
+            if len(shapes) != 1:
+                raise InvalidField(f"edit {index}: {site!r} gives {len(shapes)} tensors; edits need one")
+            shape = shapes[0].shape
         if edit.channels is not None:
             width = shape[1] if len(shape) >= 2 else 0
             bad = [c for c in edit.channels if c >= width]
             if bad:
-                raise InvalidField(f"edit {index}: channels {bad} are out of range: {edit.site!r} gives {width}")
+                raise InvalidField(f"edit {index}: channels {bad} are out of range: {site!r} gives {width}")
         tensor = None
         payload: TensorPayload | None = getattr(edit, "tensor", None)
         if payload is not None:
@@ -145,7 +166,7 @@ class Experiments(PlaneBase):
             raise InvalidField(f"edit {index}: no source named {source!r} (sources: {sorted(body.sources)})")
         return EditOp(
             index=index,
-            site=edit.site,
+            site=site,
             call=edit.call,
             selection=Selection(
                 tuple(edit.channels) if edit.channels is not None else None,
@@ -197,6 +218,19 @@ class Experiments(PlaneBase):
         return x
 
 
+def _node_shape(graph: NodeGraph, index: int, name: str) -> tuple[int, ...]:
+    """The node's output shape (batch of one), or a 422: unknown node (with the closest), or no single tensor."""
+    found = {info.name: info for info in graph.info}
+    info = found.get(name)
+    if info is None:
+        close = closest_names(name, list(found))
+        hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
+        raise InvalidField(f"edit {index}: unknown node {name!r}{hint} (GET /models/{{name}}/nodes lists them)")
+    if info.shape is None or any(not isinstance(s, int) for s in info.shape):
+        raise InvalidField(f"edit {index}: node {name!r} gives no single tensor; edits need one")
+    return tuple(int(s) for s in info.shape)
+
+
 def _check_site(model: LoadedModel, site: str, call: int) -> None:
     if site not in model.layer_names:
         close = closest_names(site, list(model.layer_names))
@@ -208,9 +242,16 @@ def _check_site(model: LoadedModel, site: str, call: int) -> None:
 
 
 def _cost(
-    x: torch.Tensor, shapes: LayerShapes, request: InterventionRequest, sources: dict[str, torch.Tensor], fmt: str
+    x: torch.Tensor,
+    shapes: LayerShapes,
+    request: InterventionRequest,
+    sources: dict[str, torch.Tensor],
+    fmt: str,
+    *,
+    node_bytes: int,
 ) -> Estimate:
-    captures = activations_cost(x, shapes, CaptureRequest(request.layers, request.capture, request.reduce), fmt)
+    captured = CaptureRequest(request.layers, request.capture, request.reduce)
+    captures = activations_cost(x, shapes, captured, fmt, node_bytes)
     donors = sum(int(d.shape[0]) for d in sources.values())
     forward = predict_cost(x, shapes).cost.parts.get("forward", 0)
     parts = dict(captures.cost.parts)

@@ -4,9 +4,10 @@ An edit names a site (a module, one of its calls), a selection (channels, and y/
 spatial output) and an op: zero, scale, add (a scalar or a tensor: steering), clamp, mean
 (over the spatial dims, or over the request's clean inputs), noise (seeded), patch (the same
 site of a donor run) or set. A forward hook returns the edited output, so everything downstream
-sees it; edits at one site apply in the order given. `EditHooks` applies, within one forward
-over several requests' rows, each request's edits to its own rows only, and records which
-edits fired: an edit whose site never ran is the caller's 422.
+sees it; edits at one site apply in the order given. `Editor` applies, within one forward over
+several requests' rows, each request's edits to its own rows only, and records which edits
+fired (an edit whose site never ran is the caller's 422); `EditHooks` calls it from module
+hooks, and a node graph's interpreter calls it for functional-node sites.
 """
 
 from __future__ import annotations
@@ -73,17 +74,42 @@ class RowEdits:
     fired: dict[int, Fired] = field(default_factory=dict)
 
 
+class Editor:
+    """Applies, to one site's output in a batched forward, each request's edits for that site on its rows."""
+
+    def __init__(self, requests: Sequence[RowEdits]) -> None:
+        self.requests = requests
+
+    def sites(self) -> list[str]:
+        return list(dict.fromkeys(edit.site for request in self.requests for edit in request.edits))
+
+    def edit(self, site: str, call: int, output: Any) -> Any:
+        """The edited output (a new tensor), or None when no edit is for this site and call."""
+        mine = [(r, e) for r in self.requests for e in r.edits if e.site == site and e.call == call]
+        if not mine:
+            return None
+        if not isinstance(output, Tensor):
+            raise InvalidField(f"site {site!r} gives {type(output).__name__}, not one tensor: it cannot be edited")
+        out = output.clone()  # never in place: the original may be reused (in-place ReLUs, residual adds)
+        for request, op in mine:
+            rows = out[request.start : request.stop]
+            edited, count = apply_edit(rows, op, request)
+            out[request.start : request.stop] = edited
+            request.fired[op.index] = Fired(list(rows.shape[1:]), count)
+        return out
+
+
 class EditHooks:
-    """Forward hooks on every edited site that apply each request's edits to its rows, in order."""
+    """Forward hooks on every edited module that apply each request's edits to its rows, in order."""
 
     def __init__(self, model: nn.Module, requests: Sequence[RowEdits]) -> None:
         self.model = model
-        self.requests = requests
+        self.editor = Editor(requests)
         self.calls: dict[str, int] = {}
 
     def register(self, scope: HookScope) -> None:
         modules = dict(self.model.named_modules())
-        for site in dict.fromkeys(edit.site for request in self.requests for edit in request.edits):
+        for site in self.editor.sites():
             if site not in modules:
                 raise InvalidField(f"unknown site {site!r} (GET /models/{{name}}/layers lists them)")
             module = modules[site]
@@ -98,19 +124,7 @@ class EditHooks:
 
     def _editor(self, site: str) -> Callable[[nn.Module, Any, Any], Any]:
         def edit(module: nn.Module, args: Any, output: Any) -> Any:
-            call = self.calls[site]
-            mine = [(r, e) for r in self.requests for e in r.edits if e.site == site and e.call == call]
-            if not mine:
-                return None
-            if not isinstance(output, Tensor):
-                raise InvalidField(f"site {site!r} gives {type(output).__name__}, not one tensor: it cannot be edited")
-            out = output.clone()  # never in place: the module's own output may be reused (in-place ReLUs)
-            for request, op in mine:
-                rows = out[request.start : request.stop]
-                edited, count = apply_edit(rows, op, request)
-                out[request.start : request.stop] = edited
-                request.fired[op.index] = Fired(list(rows.shape[1:]), count)
-            return out
+            return self.editor.edit(site, self.calls[site], output)
 
         return edit
 

@@ -16,11 +16,14 @@ Span = Annotated[list[int], Field(min_length=2, max_length=2, description="[star
 
 
 class EditSite(BaseModel):
-    """Where an edit applies: a layer's output (one call of it), and which part of it."""
+    """Where an edit applies: a module's output (one call of it) or a functional node's, and which part of it."""
 
     model_config = ConfigDict(extra="forbid")
 
-    site: str = Field(..., min_length=1, description="A module path from /layers.", examples=["layer1.0.conv1"])
+    site: str | None = Field(None, min_length=1, description="A module path from /layers.", examples=["conv2"])
+    node: str | None = Field(
+        None, min_length=1, description="Or a functional node from /nodes (e.g. `layer1.0.add`).", examples=["add"]
+    )
     call: int = Field(1, ge=1, le=1024, description="Which call of a module that runs several times (2 = `name#2`).")
     channels: list[int] | None = Field(None, max_length=65536, description="Channel indices (dim 1); all if absent.")
     y: Span | None = Field(None, description="Rows [start, stop) of a spatial output (dim -2).")
@@ -28,6 +31,10 @@ class EditSite(BaseModel):
 
     @model_validator(mode="after")
     def _spans(self) -> EditSite:
+        if (self.site is None) == (self.node is None):
+            raise ValueError("give exactly one of 'site' (a module) or 'node' (a functional node)")
+        if self.node is not None and self.call != 1:
+            raise ValueError("'call' numbers the calls of a module; a node runs once")
         for name, span in (("y", self.y), ("x", self.x)):
             if span is not None and not 0 <= span[0] < span[1]:
                 raise ValueError(f"{name} must be [start, stop) with 0 <= start < stop")
@@ -129,6 +136,9 @@ class InterventionsRequest(ModelInputs):
     top_k: int = Field(5, ge=1, le=1000)
     include_logits: bool = False
     layers: list[str] = Field(default_factory=list, description="Layers to capture after the edits (as /activations).")
+    nodes: list[str] = Field(
+        default_factory=list, description="Functional nodes to capture after the edits, when the edits are at nodes."
+    )
     capture: Capture = Capture.output
     reduce: Reduce | None = None
     format: ActivationFormat = Field(ActivationFormat.json, description="How captures come back (as /activations).")

@@ -343,3 +343,89 @@ def test_numbers_that_are_not_finite_are_refused(lenet_client: TestClient) -> No
     assert response.status_code == 422
     assert "NaN or infinite" in response.json()["detail"]
     assert hooks(lenet_client, "lenet") == 0
+
+
+R18_TOML = """
+[[models]]
+name = "r18"
+source = "torchvision"
+architecture = "resnet18"
+weights = "r18.pt"
+"""
+
+
+@pytest.fixture
+def r18_client(make_client: ClientFactory, tmp_path: Path, r18: nn.Module) -> TestClient:
+    torch.save(r18.state_dict(), tmp_path / "r18.pt")
+    return make_client(R18_TOML)
+
+
+def edited_graph(model: nn.Module, x: Tensor, edits: dict[str, Edit]) -> Tensor:
+    """The model traced by FX, each named node's value passed through its edit, run on `x` (as served)."""
+    served, sx = as_served(model, x)
+    graph = torch.fx.symbolic_trace(served)
+    for node in list(graph.graph.nodes):
+        edit = edits.get(node.name)
+        if edit is None:
+            continue
+        with graph.graph.inserting_after(node):
+            changed = graph.graph.call_function(edit, (node,))
+        node.replace_all_uses_with(changed, delete_user_cb=lambda user, c=changed: user is not c)
+    graph.recompile()
+    with torch.inference_mode():
+        logits: Tensor = graph(sx).float()
+        return logits
+
+
+def test_edits_at_functional_nodes_equal_editing_the_graph_by_hand(r18_client: TestClient, r18: nn.Module) -> None:
+    """resnet18's residual `+` of a block is a node, no module: zero some of its channels, scale another."""
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    edits = [
+        {"node": "layer1.0.add", "op": "zero", "channels": [0, 1, 2]},
+        {"node": "layer2.1.add", "op": "scale", "factor": 0.5},
+    ]
+    body = {"model": "r18", "inputs": [tensor_input(x[0])], "edits": edits, "include_logits": True}
+    answer = r18_client.post("/interventions", json=body | {"nodes": ["layer4.1.add"]})
+    assert answer.status_code == 200, answer.text
+    # plain FX names the residual adds add, add_1, ... in graph order: layer1.0 has the first, layer2.1 the fourth
+    want = edited_graph(r18, x, {"add": zeroed([0, 1, 2]), "add_3": lambda t: t * 0.5})
+    torch.testing.assert_close(logits_of(answer.json(), "edited"), want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits_of(answer.json(), "clean"), want, atol=1e-3)  # the edits did change it
+    assert [a["site"] for a in answer.json()["applied"]] == ["layer1.0.add", "layer2.1.add"]
+    assert answer.json()["activations"]["layer4.1.add"]["output"]["shape"] == [1, 512, 2, 2]
+    assert hooks(r18_client, "r18") == 0
+
+
+def test_patching_a_node_equals_injecting_the_donors_value(r18_client: TestClient, r18: nn.Module) -> None:
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    donor = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    served, sd = as_served(r18, donor)
+    with torch.inference_mode():
+        value = create_feature_extractor(served, ["layer1.0.relu_1"])(sd)["layer1.0.relu_1"].clone()
+    body = {
+        "model": "r18",
+        "inputs": [tensor_input(x[0])],
+        "sources": {"d": [tensor_input(donor[0])]},
+        "edits": [{"node": "layer1.0.relu_1", "op": "patch", "source": "d"}],
+        "include_logits": True,
+    }
+    answer = r18_client.post("/interventions", json=body)
+    assert answer.status_code == 200, answer.text
+    want = edited_graph(r18, x, {"layer1_0_relu_1": lambda t: value.to(t.dtype).clone()})
+    torch.testing.assert_close(logits_of(answer.json(), "edited"), want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits_of(answer.json(), "clean"), want, atol=1e-3)  # the patch did change it
+
+
+def test_node_and_module_edits_do_not_mix_and_unknown_nodes_name_the_closest(r18_client: TestClient) -> None:
+    x = [tensor_input(torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(3)))]
+    mixed = [{"node": "layer1.0.add", "op": "zero"}, {"site": "conv1", "op": "zero"}]
+    refused = r18_client.post("/interventions", json={"model": "r18", "inputs": x, "edits": mixed})
+    assert refused.status_code == 422
+    assert "either all at modules" in refused.json()["detail"]
+    unknown = [{"node": "layer1.0.ad", "op": "zero"}]
+    refused = r18_client.post("/interventions", json={"model": "r18", "inputs": x, "edits": unknown})
+    assert refused.status_code == 422
+    assert "'layer1.0.add'" in refused.json()["detail"]
+    assert hooks(r18_client, "r18") == 0

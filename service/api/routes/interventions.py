@@ -35,7 +35,7 @@ async def interventions(request: Request, plane: PlaneDep) -> Response:
         "change": found.change,
         "applied": found.applied,
     }
-    if not body.layers:
+    if not body.layers and not body.nodes:
         return await json_response(head, plane.settings)
     return await captures_answer(head, found.captured, body.format, plane.settings, filename="interventions")
 

@@ -16,13 +16,14 @@ import torch
 from torch import Tensor
 
 from service.errors import InvalidField
-from service.introspection.capture import Captured, capture_by_layer
+from service.introspection.capture import Captured, capture_by_layer, flatten_tensors
 from service.introspection.hooks import HookScope
-from service.introspection.interventions import Donors, EditHooks, EditOp, Fired, Means, RowEdits, Selection
+from service.introspection.interventions import Donors, EditHooks, EditOp, Editor, Fired, Means, RowEdits, Selection
+from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets, target_scores
 from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import forward_checked, split_output, to_cpu, to_device
+from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
 from service.runtime.runners.base import Runner, concatenated, offsets, rows
 from service.specs.vocab import Capture, Reduce
 
@@ -36,6 +37,8 @@ class InterventionRequest:
     layers: tuple[str, ...] = ()  # captured after the edits
     capture: Capture = Capture.output
     reduce: Reduce | None = None
+    at_nodes: bool = False  # the edits' sites are functional nodes (run through the node graph)
+    nodes: tuple[str, ...] = ()  # nodes captured after the edits (with edits at nodes)
 
 
 @dataclass
@@ -58,67 +61,133 @@ class InterventionsRunner(Runner[InterventionRequest]):
         return False  # two forwards (three with donors): never every core
 
     def run(self, model: LoadedModel, inputs: Sequence[Tensor], requests: Sequence[InterventionRequest]) -> list[Any]:
-        base = offsets(inputs)
-        total = base[-1][1]
-        donors: list[Tensor] = []
-        spans: dict[tuple[int, str], tuple[int, int]] = {}  # (request, source) -> rows in the reference batch
-        start = total
-        for i, request in enumerate(requests):
-            for name, donor in request.sources.items():
-                spans[(i, name)] = (start, start + int(donor.shape[0]))
-                donors.append(donor)
-                start += int(donor.shape[0])
-        reference = to_device(torch.cat([concatenated(inputs), *donors]) if donors else concatenated(inputs), model)
-        read = sorted({e.site for r in requests for e in r.edits if _reads_reference(e)})
+        """Requests with edits at modules run through module hooks, those at functional nodes through the graph."""
+        answers: list[Any] = [None] * len(requests)
+        for at_nodes in (False, True):
+            chosen = [i for i, r in enumerate(requests) if r.at_nodes == at_nodes]
+            if chosen:
+                found = _intervene(model, [inputs[i] for i in chosen], [requests[i] for i in chosen], at_nodes)
+                for i, answer in zip(chosen, found, strict=True):
+                    answers[i] = answer
+        return answers
 
-        def plain() -> Any:
-            with torch.inference_mode():
-                return forward_checked(model, reference)
 
-        ref_output, seen, _ = capture_by_layer(model.module, read, Capture.output, plain)
-        ref_total = start
-        ref = _Reference(seen, ref_total, spans)
-        row_edits = [
-            RowEdits(a, b, request.edits, donors=ref.donors_of(i), means=ref.means_of((a, b)))
-            for i, (request, (a, b)) in enumerate(zip(requests, base, strict=True))
-        ]
+def _intervene(
+    model: LoadedModel, inputs: Sequence[Tensor], requests: Sequence[InterventionRequest], at_nodes: bool
+) -> list[Any]:
+    base = offsets(inputs)
+    total = base[-1][1]
+    donors: list[Tensor] = []
+    spans: dict[tuple[int, str], tuple[int, int]] = {}  # (request, source) -> rows in the reference batch
+    start = total
+    for i, request in enumerate(requests):
+        for name, donor in request.sources.items():
+            spans[(i, name)] = (start, start + int(donor.shape[0]))
+            donors.append(donor)
+            start += int(donor.shape[0])
+    reference = to_device(torch.cat([concatenated(inputs), *donors]) if donors else concatenated(inputs), model)
+    read = sorted({e.site for r in requests for e in r.edits if _reads_reference(e)})
+    forward = _NodeForward(model) if at_nodes else _ModuleForward(model)
+    ref_output, seen = forward.reference(reference, read)
+    ref = _Reference(seen, start, spans)
+    row_edits = [
+        RowEdits(a, b, request.edits, donors=ref.donors_of(i), means=ref.means_of((a, b)))
+        for i, (request, (a, b)) in enumerate(zip(requests, base, strict=True))
+    ]
+    output, captured, site_of, calls = forward.edited(to_device(concatenated(inputs), model), requests, row_edits)
+    sizes = [b - a for a, b in base]
+    clean = split_output(to_cpu(ref_output), [*sizes, start - total])[: len(requests)]
+    edited = split_output(to_cpu(output), sizes) if len(requests) > 1 else [to_cpu(output)]
+    answers: list[Any] = []
+    for request, span, edits, before, after in zip(requests, base, row_edits, clean, edited, strict=True):
+        missing = [e for e in request.edits if e.index not in edits.fired]
+        if missing:
+            e = missing[0]
+            where = f"node {e.site!r}" if at_nodes else f"{e.site!r}, call {e.call}"
+            answers.append(
+                InvalidField(
+                    f"edit {e.index} ({e.op} at {where}) never fired: {e.site!r} ran {calls.get(e.site, 0)} time(s) "
+                    "in the forward"
+                )
+            )
+            continue
+        mine = set(request.nodes if at_nodes else request.layers)
+        sides = ("output",) if at_nodes else _SIDES[request.capture]
+        own: Captured = {}
+        for key, found in captured.items():
+            if site_of[key] in mine:
+                picked = {s: rows(t, span, total) for s, t in found.items() if s in sides}
+                own[key] = {s: reduce_tensor(t, request.reduce) for s, t in picked.items()}
+        answers.append(InterventionResult(before, after, dict(edits.fired), own))
+    return answers
+
+
+class _ModuleForward:
+    """Forwards of the served module: captures and edits by module hooks."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+
+    def reference(self, x: Tensor, read: Sequence[str]) -> tuple[Any, Captured]:
+        output, seen, _ = capture_by_layer(self.model.module, read, Capture.output, lambda: self._forward(x))
+        return output, seen
+
+    def edited(
+        self, x: Tensor, requests: Sequence[InterventionRequest], row_edits: Sequence[RowEdits]
+    ) -> tuple[Any, Captured, dict[str, str], dict[str, int]]:
         layers = list(dict.fromkeys(layer for r in requests for layer in r.layers))
         modes = {r.capture for r in requests if r.layers}
         mode = modes.pop() if len(modes) == 1 else Capture.both
-        x = to_device(concatenated(inputs), model)
-        hooks = EditHooks(model.module, row_edits)
-
-        def edited_forward() -> Any:
-            with torch.inference_mode():
-                return forward_checked(model, x)
-
-        with HookScope(model.module) as scope:
+        hooks = EditHooks(self.model.module, row_edits)
+        with HookScope(self.model.module) as scope:
             hooks.register(scope)  # before the captures: a capture at an edited site sees the edited output
-            output, captured, keys = capture_by_layer(model.module, layers, mode, edited_forward)
-        sizes = [b - a for a, b in base]
-        clean = split_output(to_cpu(ref_output), [*sizes, ref_total - total])[: len(requests)]
-        edited = split_output(to_cpu(output), sizes) if len(requests) > 1 else [to_cpu(output)]
-        layer_of = {key: layer for layer, found in keys.items() for key in found}
-        answers: list[Any] = []
-        for request, span, edits, before, after in zip(requests, base, row_edits, clean, edited, strict=True):
-            missing = [e for e in request.edits if e.index not in edits.fired]
-            if missing:
-                e = missing[0]
-                answers.append(
-                    InvalidField(
-                        f"edit {e.index} ({e.op} at {e.site!r}, call {e.call}) never fired: {e.site!r} ran "
-                        f"{hooks.calls.get(e.site, 0)} time(s) in the forward"
-                    )
-                )
-                continue
-            mine, sides = set(request.layers), _SIDES[request.capture]
-            own: Captured = {}
-            for key, found in captured.items():
-                if layer_of[key] in mine:
-                    picked = {s: rows(t, span, total) for s, t in found.items() if s in sides}
-                    own[key] = {s: reduce_tensor(t, request.reduce) for s, t in picked.items()}
-            answers.append(InterventionResult(before, after, dict(edits.fired), own))
-        return answers
+            output, captured, keys = capture_by_layer(self.model.module, layers, mode, lambda: self._forward(x))
+        site_of = {key: layer for layer, found in keys.items() for key in found}
+        return output, captured, site_of, hooks.calls
+
+    def _forward(self, x: Tensor) -> Any:
+        with torch.inference_mode():
+            return forward_checked(self.model, x)
+
+
+class _NodeForward:
+    """Runs of the model's node graph: the chosen nodes read (and replaced) as they finish."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        graph = model.node_graph
+        if not isinstance(graph, NodeGraph):
+            raise RuntimeError(f"{model.name} has no node graph: the data plane traces it before node edits")
+        self.model = model
+        self.graph = graph
+
+    def reference(self, x: Tensor, read: Sequence[str]) -> tuple[Any, Captured]:
+        with torch.inference_mode(), foreign_shape_errors(self.model, x):
+            output, seen, _ = capture_nodes(self.graph, read, x)
+        return output, seen
+
+    def edited(
+        self, x: Tensor, requests: Sequence[InterventionRequest], row_edits: Sequence[RowEdits]
+    ) -> tuple[Any, Captured, dict[str, str], dict[str, int]]:
+        editor = Editor(row_edits)
+        capture = list(dict.fromkeys(node for r in requests for node in r.nodes))
+        captured: Captured = {}
+        site_of: dict[str, str] = {}
+        calls: dict[str, int] = {}
+
+        def on_node(name: str, value: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            edited = editor.edit(name, 1, value)
+            value = value if edited is None else edited
+            if name in capture:
+                for key, t in flatten_tensors(name, value):
+                    captured[key] = {"output": t.detach().clone(memory_format=torch.contiguous_format).cpu()}
+                    site_of[key] = name
+            return value
+
+        sites = list(dict.fromkeys([*editor.sites(), *capture]))
+        with torch.inference_mode(), foreign_shape_errors(self.model, x):
+            output = run_nodes(self.graph, x, sites, on_node)
+        return output, captured, site_of, calls
 
 
 def _reads_reference(edit: EditOp) -> bool:
