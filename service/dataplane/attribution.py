@@ -61,6 +61,7 @@ class Attribution(PlaneBase):
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
         inputs = await self.decode(body.inputs, images, model)
+        method.check_input(params, tuple(inputs.shape[1:]), self.settings)  # shape-dependent costs, before joining
         request = SaliencyRunRequest(params, target)
         items = await served.executor.submit(self.saliency_runner, inputs, request)
         return Saliency(model, method.name, inputs, items)

@@ -81,6 +81,10 @@ class AttributionMethod(Generic[P]):
     def check_limits(self, params: P, settings: Settings) -> None:
         """Refuse parameters over a configured limit, before any work (nothing to check by default)."""
 
+    def check_input(self, params: P, shape: tuple[int, ...], settings: Settings) -> None:
+        """Refuse parameters that do not fit inputs of `shape` (one sample, no batch dim) or whose cost on such
+        inputs is over a configured limit: after decoding, before any model work (nothing to check by default)."""
+
     def resolve_layers(self, params: P, names: Sequence[str]) -> P:
         """`params` with its layer names resolved against the model's module paths `names` (a 422 for
         a name the model lacks), before any work. Methods that name no layer return `params`."""
