@@ -60,8 +60,16 @@ class Attribution(PlaneBase):
         params = method.resolve_layers(body, model.layer_names)
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
-        inputs = await self.decode(body.inputs, images, model)
-        method.check_input(params, tuple(inputs.shape[1:]), self.settings)  # shape-dependent costs, before joining
+        decoded: list[torch.Tensor] = []
+
+        async def checked_inputs() -> torch.Tensor:
+            """The decoded inputs, once the costs that depend on their shape are within limits; submitted as an
+            awaitable, so that a forming batch of saliency requests waits for this one while it decodes."""
+            inputs = await self.decode(body.inputs, images, model)
+            method.check_input(params, tuple(inputs.shape[1:]), self.settings)
+            decoded.append(inputs)
+            return inputs
+
         request = SaliencyRunRequest(params, target)
-        items = await served.executor.submit(self.saliency_runner, inputs, request)
-        return Saliency(model, method.name, inputs, items)
+        items = await served.executor.submit(self.saliency_runner, checked_inputs(), request)
+        return Saliency(model, method.name, decoded[0], items)
