@@ -32,7 +32,7 @@ from service.introspection.attribution.base import (
 )
 
 
-class Groups(StrEnum):
+class AblationGroups(StrEnum):
     slic = "slic"
     grid = "grid"
 
@@ -43,8 +43,8 @@ _GRID_FIELDS = ("cell",)
 
 class FeatureAblationParams(MethodParams):
     method: Literal["feature_ablation"] = "feature_ablation"
-    groups: Groups = Field(
-        Groups.slic, description="feature_ablation: superpixels of each input (slic) or the cells of a grid."
+    groups: AblationGroups = Field(
+        AblationGroups.slic, description="feature_ablation: superpixels of each input (slic) or the cells of a grid."
     )
     segments: int = Field(
         50,
@@ -75,10 +75,10 @@ class FeatureAblationParams(MethodParams):
 
     @model_validator(mode="after")
     def _fields_of_the_chosen_groups(self) -> FeatureAblationParams:
-        other = _GRID_FIELDS if self.groups is Groups.slic else _SLIC_FIELDS
-        given = [name for name in other if name in self.model_fields_set]
+        slic = self.groups is AblationGroups.slic
+        given = [name for name in (_GRID_FIELDS if slic else _SLIC_FIELDS) if name in self.model_fields_set]
         if given:
-            raise ValueError(f"{', '.join(given)} apply to groups={'grid' if self.groups is Groups.slic else 'slic'}")
+            raise ValueError(f"{', '.join(given)} apply to groups={'grid' if slic else 'slic'}")
         return self
 
 
@@ -126,14 +126,14 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
     title = "Feature ablation over superpixels (SLIC, Achanta et al. 2012) or grid cells"
 
     def check_limits(self, params: FeatureAblationParams, settings: Settings) -> None:
-        if params.groups is Groups.slic and params.segments > settings.max_ablation_features:
+        if params.groups is AblationGroups.slic and params.segments > settings.max_ablation_features:
             raise InvalidField(
                 f"feature_ablation: segments {params.segments} is over the limit of {settings.max_ablation_features} "
                 "(max_ablation_features)"
             )
 
     def check_input(self, params: FeatureAblationParams, shape: tuple[int, ...], settings: Settings) -> None:
-        if params.groups is Groups.slic:
+        if params.groups is AblationGroups.slic:
             if len(shape) != 3:
                 raise InvalidField(
                     f"feature_ablation: slic segments images [C, H, W], and the inputs are {list(shape)}; "
@@ -163,7 +163,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
         limit = ctx.settings.max_ablation_features
         masks = []
         for i, own in enumerate(params):  # every mask first: a refusal comes before any forward
-            if own.groups is Groups.grid:
+            if own.groups is AblationGroups.grid:
                 masks.append(grid_mask(own.cell, tuple(x.shape[1:]), x.device))
                 continue
             mask = superpixels(x[i], own)

@@ -23,7 +23,7 @@ from service.introspection.attribution.base import (
 from service.introspection.attribution.captum_notices import hook_notices_off
 
 
-class Upsampling(StrEnum):
+class GradCamUpsampling(StrEnum):
     nearest = "nearest"
     bilinear = "bilinear"
     bicubic = "bicubic"
@@ -33,8 +33,8 @@ class Upsampling(StrEnum):
 class GuidedGradCamParams(MethodParams):
     method: Literal["guided_gradcam"] = "guided_gradcam"
     layer: str | None = Field(None, description="guided_gradcam: the Grad-CAM layer (default the last Conv2d).")
-    upsampling: Upsampling = Field(
-        Upsampling.nearest, description="guided_gradcam: how the layer's map is resized to the input (Captum's)."
+    upsampling: GradCamUpsampling = Field(
+        GradCamUpsampling.nearest, description="guided_gradcam: how the layer's map is resized to the input (Captum's)."
     )
 
 
