@@ -7,8 +7,9 @@ calls, so the named layer is checked first, on one input row, to run once and re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,8 +52,8 @@ def probe_runs(model: nn.Module, x: Tensor, modules: dict[str, nn.Module]) -> di
     calls = dict.fromkeys(modules, 0)
     outputs: dict[str, tuple[Tensor, int]] = {}  # the first call's output and its version counter then
 
-    def recorder(name: str) -> object:
-        def record(module: nn.Module, args: object, output: object) -> None:
+    def recorder(name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
             calls[name] += 1
             if calls[name] == 1 and isinstance(output, Tensor) and output.is_floating_point():
                 outputs[name] = (output, output._version)
@@ -61,7 +62,7 @@ def probe_runs(model: nn.Module, x: Tensor, modules: dict[str, nn.Module]) -> di
 
     with torch.no_grad(), HookScope(model) as scope:
         for name, module in modules.items():
-            scope.add(module.register_forward_hook(recorder(name)))  # type: ignore[arg-type]
+            scope.add(module.register_forward_hook(recorder(name)))
         model(x[:1].detach())
     runs = {}
     for name in modules:

@@ -166,6 +166,8 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
             if own.groups is AblationGroups.grid:
                 masks.append(grid_mask(own.cell, tuple(x.shape[1:]), x.device))
                 continue
+            if not bool(torch.isfinite(x[i]).all()):
+                raise InvalidField(f"feature_ablation: slic segments finite images, and input {i} has NaN or inf")
             mask = superpixels(x[i], own)
             found = int(mask.max()) + 1
             if found > limit:

@@ -48,7 +48,9 @@ class GradientShapParams(MethodParams):
     seed: int = Field(0, ge=0, le=2**32 - 1, description="gradient_shap: the same seed gives the same map.")
 
 
-_NUMPY_RNG = threading.Lock()  # Captum draws baselines and path points from NumPy's global generator
+# Captum draws baselines and path points from NumPy's global generator, which every thread shares: one seeded
+# attribution at a time (those of other models wait here).
+_NUMPY_RNG = threading.Lock()
 
 
 @contextmanager

@@ -147,6 +147,9 @@ def test_superpixels_need_an_image_and_count_against_the_limit() -> None:
     with pytest.raises(InvalidField, match=r"slic made 9 superpixels of input 0, over the limit of 8"):
         saliency(counted, x, "feature_ablation", limit, segments=8)  # SLIC's grid may hold more than asked
     assert counted.calls == 1  # the scores only: no ablation ran
+    x[1, 0, 0, 0] = float("nan")
+    with pytest.raises(InvalidField, match="slic segments finite images, and input 1 has NaN or inf"):
+        saliency(model, x, "feature_ablation")
 
 
 def test_perturbations_go_through_the_model_in_bounded_batches() -> None:
