@@ -1,9 +1,13 @@
 """Two concurrent /saliency requests of each newer method share one hooked batch, and each answer equals the same
-request run alone (rows with their own targets, and their own parameters where the method's batch key allows)."""
+request run alone (rows with their own targets, and their own parameters where the method's batch key allows).
+
+The two requests queue behind a job that holds the model until both are queued, so that they meet in one
+batch however slowly either is parsed and decoded."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -92,8 +96,18 @@ def test_two_concurrent_requests_share_a_batch_and_each_equals_itself_alone(tmp_
                 for x, targets, fields in requests:
                     params = method_named(method).params.model_validate({"method": method, **fields})
                     wants.append(compute_saliency(served.model.module, x, params, targets, settings=settings))
-                before = served.executor.stats.hooked_batches
-                responses = await asyncio.gather(
+                executor = served.executor
+                before = executor.stats.hooked_batches
+                started, gate = threading.Event(), threading.Event()
+
+                def hold() -> None:  # holds the eager module until both requests are queued behind it
+                    started.set()
+                    gate.wait(timeout=30)
+
+                holder = asyncio.ensure_future(executor.run_exclusive(hold))
+                while not started.is_set():
+                    await asyncio.sleep(0.005)
+                posts = asyncio.gather(
                     *(
                         client.post(
                             "/saliency",
@@ -108,7 +122,12 @@ def test_two_concurrent_requests_share_a_batch_and_each_equals_itself_alone(tmp_
                         for x, targets, fields in requests
                     )
                 )
-                assert served.executor.stats.hooked_batches - before == 1  # the two shared one batch
+                while executor.queue_depth < 2 and not posts.done():
+                    await asyncio.sleep(0.005)
+                gate.set()
+                await holder
+                responses = await posts
+                assert executor.stats.hooked_batches - before == 1  # the two shared one batch
                 for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
                     assert response.status_code == 200, response.text
                     results = response.json()["results"]
