@@ -140,9 +140,10 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
                     "use groups=grid"
                 )
             return
-        cell, trailing = list(params.cell), list(shape[len(shape) - len(params.cell) :])
+        cell = list(params.cell)
         if len(cell) > len(shape):
             raise InvalidField(f"feature_ablation: cell {cell} has more dims than the input {list(shape)}")
+        trailing = list(shape[len(shape) - len(cell) :])
         if any(c > size for c, size in zip(cell, trailing, strict=True)):
             raise InvalidField(f"feature_ablation: cell {cell} is larger than the input's last dims {trailing}")
         cells = grid_cells(cell, shape)

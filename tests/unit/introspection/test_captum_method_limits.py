@@ -111,6 +111,7 @@ class Forwards(nn.Module):
         ("occlusion", {"window": [2, 2], "strides": [3, 2]}, r"stride 3 in window dim 0 is larger than the window"),
         ("feature_ablation", {"groups": "grid", "cell": [2, 2]}, "16 grid cells per input is over the limit of 12"),
         ("feature_ablation", {"groups": "grid", "cell": [9, 1]}, r"cell \[9, 1\] is larger than the input's last"),
+        ("feature_ablation", {"groups": "grid", "cell": [1, 1, 2, 2]}, r"cell \[1, 1, 2, 2\] has more dims than"),
     ],
 )
 def test_costs_and_shapes_that_depend_on_the_input_are_refused_before_any_forward(
