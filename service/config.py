@@ -65,7 +65,12 @@ class Settings(BaseSettings):
     max_binary_response_bytes: int = 1024 * MiB
     max_ig_steps: int = 512
     max_smoothgrad_samples: int = 256
-    ig_internal_batch_size: int = Field(64, description="Samples per IG forward/backward (memory bound).")
+    ig_internal_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Samples per forward/backward of integrated_gradients, layer_integrated_gradients and "
+        "layer_conductance (memory bound).",
+    )
     smoothgrad_batch_size: int = Field(32, ge=1, description="Noisy SmoothGrad samples per forward (memory bound).")
     max_request_memory_bytes: int = Field(
         2048 * MiB,
@@ -81,6 +86,21 @@ class Settings(BaseSettings):
     max_sources: int = Field(8, ge=0, description="Named donor runs per /interventions request.")
     max_edit_tensor_bytes: int = Field(16 * MiB, description="Size of one edit's tensor (add, set).")
     max_sweep_rows: int = Field(8192, ge=1, description="Channels x inputs one /interventions/sweep ablates.")
+    max_occlusion_windows: int = Field(
+        4096, description="Occlusion window positions per input (one perturbed row each)."
+    )
+    max_ablation_features: int = Field(
+        1024, description="Feature-ablation groups per input (superpixels or grid cells; one perturbed row each)."
+    )
+    perturbation_batch_size: int = Field(
+        32, ge=1, description="Perturbed copies per forward in occlusion and feature ablation (memory bound)."
+    )
+    max_gradient_shap_samples: int = Field(
+        128, description="GradientSHAP samples per input (all of one input's samples go through one forward)."
+    )
+    max_conductance_steps: int = Field(
+        512, description="Layer conductance steps (layer_integrated_gradients takes max_ig_steps)."
+    )
     max_upload_bytes: int = 2048 * MiB
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = 30.0

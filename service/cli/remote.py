@@ -64,6 +64,17 @@ def parse_target(text: str | None) -> int | str | list[int | str] | None:
     return items[0] if len(items) == 1 else items
 
 
+def param_item(item: str) -> tuple[str, Any]:
+    """`window=[8,8]` -> ("window", [8, 8]); a VALUE that is not JSON stays text (`baseline=blur`)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE (got {item!r})")
+    try:
+        return key.strip(), json.loads(text)
+    except json.JSONDecodeError:
+        return key.strip(), text
+
+
 def write_arrays(path: Path, tensors: dict[str, Array], response: dict[str, Any]) -> None:
     """Tensors to `.safetensors` or `.npz`, with the rest of the answer as the server writes it (API.md)."""
     text = json.dumps(response)
@@ -173,6 +184,7 @@ def cmd_saliency(args: argparse.Namespace) -> int:
         "samples": args.samples,
         "noise": args.noise,
         "seed": args.seed,
+        "params": dict(args.param) or None,
     }
     inputs = read_inputs(args.inputs)
     with make_client(args) as client:
@@ -323,7 +335,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "-m",
         "--method",
         default="gradient",
-        choices=["gradient", "input_x_gradient", "smoothgrad", "integrated_gradients", "gradcam"],
+        help="any method GET /saliency/methods lists (gradient, integrated_gradients, gradcam, occlusion, ...)",
     )
     p.add_argument("-t", "--target", help="class index or label, or one per input comma-separated; default top-1")
     p.add_argument("--layer", help="gradcam: the layer (default the last Conv2d)")
@@ -331,6 +343,15 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--samples", type=int, help="smoothgrad (server default 25)")
     p.add_argument("--noise", type=float, help="smoothgrad (server default 0.15)")
     p.add_argument("--seed", type=int, help="smoothgrad (server default 0)")
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        type=param_item,
+        metavar="KEY=VALUE",
+        help="another parameter of the method, VALUE as JSON (e.g. -p window=[8,8] -p stride=4)",
+    )
     p.add_argument("--alpha", type=float, default=0.5, help=".png: heatmap opacity")
     p.add_argument("-o", "--output", type=Path, help="write .png (heatmap over the input) or .safetensors / .npz")
 

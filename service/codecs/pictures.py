@@ -185,6 +185,13 @@ def saliency_png(
 ) -> bytes:
     """Each heatmap blended over its de-normalised input; small inputs (a 32×32 digit) are enlarged to be seen."""
     images = [denormalize(x.float(), preprocess) for x in inputs]
+    for image, heatmap in zip(images, heatmaps, strict=True):
+        if tuple(heatmap.shape) != tuple(image.shape[-2:]):
+            raise InvalidField(
+                f"png overlays a map of the input's size {list(image.shape[-2:])}, and these maps are "
+                f"{list(heatmap.shape)} (an attribution at a layer without spatial dims); ask for json, "
+                "safetensors or npz"
+            )
     side = min(images[0].shape[-2:])
     maps = list(heatmaps)
     if side < MIN_PICTURE_SIDE:

@@ -69,6 +69,13 @@ class Attribution(PlaneBase):
         params = method.resolve_layers(body, model.layer_names)
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
+
+        async def checked_inputs() -> torch.Tensor:
+            """The decoded inputs, once the costs that depend on their shape are within limits."""
+            inputs = await self.decode(body.inputs, images, model)
+            method.check_input(params, tuple(inputs.shape[1:]), self.settings)
+            return inputs
+
         request = SaliencyRunRequest(params, target)
         source = method.graph_from(params, model.module)
         chunk = method.chunk(params, self.settings)
@@ -76,7 +83,7 @@ class Attribution(PlaneBase):
         inputs, items = await self.run_admitted(
             served,
             self.saliency_runner,
-            self.decode(body.inputs, images, model),
+            checked_inputs(),
             request=request,
             estimate=lambda x, shapes: saliency_cost(x, shapes, chunk, source, fmt),
             answer=(fmt, ADVICE_SALIENCY),

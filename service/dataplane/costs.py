@@ -95,12 +95,14 @@ def gradients_cost(
     return Estimate(Cost(parts), numel, grads)
 
 
-def saliency_cost(x: torch.Tensor, shapes: LayerShapes, chunk: int, graph_from: str | None, fmt: str) -> Estimate:
+def saliency_cost(
+    x: torch.Tensor, shapes: LayerShapes, chunk: int | None, graph_from: str | None, fmt: str
+) -> Estimate:
     """`chunk`: inputs (or noisy/interpolated copies) one forward sees; `graph_from`: a layer, "" for the
     input, None for methods that differentiate from the input in chunks (their own forwards)."""
     n = int(x.shape[0])
     if graph_from is None:
-        graph = graph_bytes(shapes, max(1, chunk), None)
+        graph = graph_bytes(shapes, int(x.shape[0]) if chunk is None else max(1, chunk), None)
     else:
         graph = graph_bytes(shapes, n, [graph_from] if graph_from else None)
     attribution = 2 * inputs_bytes(x)  # the attributions and their input-sized heatmaps

@@ -52,9 +52,15 @@ class SaliencyResult(BaseModel):
     label: str
     score: float = Field(..., description="The target's logit.")
     probability: float = Field(..., description="The target's softmax probability.")
-    attribution: Any = Field(..., description="TENSOR with the sample's own shape ([C, H, W]; [h, w] for gradcam).")
-    heatmap: Any = Field(..., description="TENSOR [H, W] in [0, 1].")
-    convergence_delta: float | None = Field(None, description="integrated_gradients only.")
+    attribution: Any = Field(
+        ...,
+        description="TENSOR with the sample's own shape ([C, H, W]; [h, w] for gradcam; the layer's output "
+        "shape for layer_conductance and layer_integrated_gradients).",
+    )
+    heatmap: Any = Field(..., description="TENSOR [H, W] in [0, 1] ([1, L] for a layer without spatial dims).")
+    convergence_delta: float | None = Field(
+        None, description="integrated_gradients, deeplift, layer_conductance and layer_integrated_gradients."
+    )
 
 
 class SaliencyResponse(BaseModel):

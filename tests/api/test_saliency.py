@@ -325,7 +325,11 @@ def test_smoothgrad_is_seeded(client: TestClient) -> None:
         ({"method": "integrated_gradients", "steps": 0}, "steps"),
         ({"method": "smoothgrad", "noise": -0.1}, "noise"),
         ({"method": "lime"}, "method"),
-        ({"method": "gradient", "layer": "conv1"}, "'layer' is a parameter of gradcam, not of gradient"),
+        (
+            {"method": "gradient", "layer": "conv1"},
+            "'layer' is a parameter of gradcam, guided_gradcam, layer_conductance, layer_integrated_gradients and "
+            "neuron_gradient, not of gradient",
+        ),
         ({"method": "gradcam", "layer": "fc1"}, "spatial"),
         ({"method": "gradcam", "layer": "conv9"}, "'conv1'"),
         ({"method": "gradcam", "layer": "conv*"}, "more than the limit of 1"),
@@ -509,7 +513,8 @@ def test_a_parameter_of_another_method_is_refused(client: TestClient) -> None:
     assert response.json()["detail"] == [
         {
             "loc": ["steps"],
-            "msg": "'steps' is a parameter of integrated_gradients, not of gradient",
+            "msg": "'steps' is a parameter of integrated_gradients, layer_conductance and layer_integrated_gradients, "
+            "not of gradient",
             "type": "extra_forbidden",
         }
     ]

@@ -26,19 +26,19 @@ from tests.reliability.live_server import LiveServer
 if TYPE_CHECKING:
     pass
 
-NEW_METHOD = "occlusion"  # a method the server does not have: it must still appear, with its own fields
+NEW_METHOD = "lime"  # a method the server does not have: it must still appear, with its own fields
 NEW_FIELDS = {
-    "window": {
+    "patch": {
         "type": "array",
         "items": {"type": "integer"},
         "default": [3, 8, 8],
-        "description": "occlusion: window.",
+        "description": "lime: patch.",
     },
-    "strides": {
+    "patch_strides": {
         "type": "array",
         "items": {"type": "integer"},
         "default": [3, 4, 4],
-        "description": "occlusion: strides",
+        "description": "lime: patch strides",
     },
 }
 
@@ -64,8 +64,8 @@ def with_new_method(schema: dict[str, Any]) -> dict[str, Any]:
     props = copy.deepcopy(gradient["properties"])
     props["method"] = {"const": NEW_METHOD, "default": NEW_METHOD, "type": "string", "title": "Method"}
     props |= NEW_FIELDS
-    components["OcclusionSaliencyRequest"] = {**gradient, "properties": props}
-    ref = "#/components/schemas/OcclusionSaliencyRequest"
+    components["LimeSaliencyRequest"] = {**gradient, "properties": props}
+    ref = "#/components/schemas/LimeSaliencyRequest"
     components["SaliencyRequest"]["oneOf"].append({"$ref": ref})
     components["SaliencyRequest"]["discriminator"]["mapping"][NEW_METHOD] = ref
     return out
@@ -88,11 +88,11 @@ def test_a_saliency_union_gives_each_method_its_own_fields(watch: Watch, schema:
     fields = page.eval_on_selector_all("#pane-a .params input", "inputs => inputs.map(i => i.name)")
     assert fields == ["samples", "noise", "seed"]
     choose_method(page, "a", NEW_METHOD)
-    assert page.locator("#a-window").input_value() == "3,8,8"
+    assert page.locator("#a-patch").input_value() == "3,8,8"
     page.wait_for_selector("#a-method-error:not([hidden])")
     assert page.inner_text("#a-method-error").startswith("422: method: ")
-    page.wait_for_selector("#a-window-error:not([hidden])")
-    assert page.inner_text("#a-window-error").startswith("422: window: ")
+    page.wait_for_selector("#a-patch-error:not([hidden])")
+    assert page.inner_text("#a-patch-error").startswith("422: patch: ")
     watch.screenshot("saliency-union-schema")
 
 

@@ -108,6 +108,22 @@ def test_saliency_table_png_and_arrays(hookserve: Hookserve, url: str, tmp_path:
     np.testing.assert_array_equal(tensors["0:heatmap"], expected.results[0].heatmap)
 
 
+def test_saliency_takes_any_server_method_and_its_parameters(hookserve: Hookserve, url: str) -> None:
+    occlusion = hookserve(
+        "saliency", "lenet", DIGIT_7, "-m", "occlusion", "-p", "window=[8,8]", "-p", "strides=[4,4]", "--json"
+    )
+    assert occlusion.status == 0, occlusion.err
+    answer = json.loads(occlusion.out)
+    assert answer["method"] == "occlusion"
+    assert answer["results"][0]["target"] == 7
+    unknown = hookserve("saliency", "lenet", DIGIT_7, "-m", "tarot")
+    assert unknown.status != 0
+    assert "method: Input should be one of gradient" in unknown.err
+    with pytest.raises(SystemExit) as usage:
+        hookserve("saliency", "lenet", DIGIT_7, "-m", "occlusion", "-p", "window")
+    assert usage.value.code == 2
+
+
 def test_layers_summary_models_and_inspect(hookserve: Hookserve, url: str) -> None:
     layers = hookserve("layers", "lenet")
     assert [line.split()[0] for line in layers.out.splitlines()[2:]] == [

@@ -13,6 +13,16 @@ from service.introspection.attribution import input_x_gradient  # noqa: F401
 from service.introspection.attribution import smoothgrad  # noqa: F401
 from service.introspection.attribution import integrated_gradients  # noqa: F401
 from service.introspection.attribution import gradcam  # noqa: F401
+from service.introspection.attribution import occlusion  # noqa: F401
+from service.introspection.attribution import feature_ablation  # noqa: F401
+from service.introspection.attribution import guided_backprop  # noqa: F401
+from service.introspection.attribution import deconvolution  # noqa: F401
+from service.introspection.attribution import guided_gradcam  # noqa: F401
+from service.introspection.attribution import deeplift  # noqa: F401
+from service.introspection.attribution import gradient_shap  # noqa: F401
+from service.introspection.attribution import layer_conductance  # noqa: F401
+from service.introspection.attribution import layer_integrated_gradients  # noqa: F401
+from service.introspection.attribution import neuron_gradient  # noqa: F401
 
 # isort: on
 from service.introspection.attribution.base import (

@@ -81,6 +81,10 @@ class AttributionMethod(Generic[P]):
     def check_limits(self, params: P, settings: Settings) -> None:
         """Refuse parameters over a configured limit, before any work (nothing to check by default)."""
 
+    def check_input(self, params: P, shape: tuple[int, ...], settings: Settings) -> None:
+        """Refuse parameters that do not fit inputs of `shape` (one sample, no batch dim) or whose cost on such
+        inputs is over a configured limit: after decoding, before any model work (nothing to check by default)."""
+
     def resolve_layers(self, params: P, names: Sequence[str]) -> P:
         """`params` with its layer names resolved against the model's module paths `names` (a 422 for
         a name the model lacks), before any work. Methods that name no layer return `params`."""
@@ -95,10 +99,10 @@ class AttributionMethod(Generic[P]):
         """The method runs forwards of its own (`attribute`) rather than differentiating one graph."""
         return type(self).graph_from is AttributionMethod.graph_from
 
-    def chunk(self, params: P, settings: Settings) -> int:
-        """How many inputs (or noisy or interpolated copies) one forward of `attribute` sees at most (for
-        its memory estimate); methods that differentiate one graph see the whole batch."""
-        return 1
+    def chunk(self, params: P, settings: Settings) -> int | None:
+        """How many rows (inputs, or their noisy, perturbed or interpolated copies) one forward and backward
+        of `attribute` sees at most, for its memory estimate; None: the whole batch at once."""
+        return None
 
     def graph_from(self, params: P, model: nn.Module) -> str | None:
         """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""

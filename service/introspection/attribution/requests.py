@@ -46,8 +46,13 @@ def choose_request(data: Mapping[str, Any]) -> type[SaliencyCommon]:
     for key in data:
         owners = [m for m in registered_methods() if key in request_class(m).model_fields]
         if key not in chosen.model_fields and owners:
-            msg = f"{key!r} is a parameter of {' and '.join(owners)}, not of {name}"
+            msg = f"{key!r} is a parameter of {_listing(owners)}, not of {name}"
             misplaced.append({"loc": [key], "msg": msg, "type": "extra_forbidden"})
     if misplaced:
         raise InvalidField(misplaced)
     return chosen
+
+
+def _listing(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

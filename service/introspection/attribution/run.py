@@ -84,6 +84,7 @@ def compute_saliency(
 ) -> list[SaliencyItem]:
     """Attribute `targets[i]` for each input row `x[i]` with one request's `params`."""
     check(len(targets) == x.shape[0], f"{len(targets)} targets for {x.shape[0]} inputs")
+    method_named(params.method).check_input(params, tuple(x.shape[1:]), settings)
     return attribute_batch(model, x, [params] * x.shape[0], lambda logits: list(targets), settings)
 
 

@@ -27,6 +27,16 @@ def test_the_methods_in_their_listed_order() -> None:
         "smoothgrad",
         "integrated_gradients",
         "gradcam",
+        "occlusion",
+        "feature_ablation",
+        "guided_backprop",
+        "deconvolution",
+        "guided_gradcam",
+        "deeplift",
+        "gradient_shap",
+        "layer_conductance",
+        "layer_integrated_gradients",
+        "neuron_gradient",
     ]
 
 

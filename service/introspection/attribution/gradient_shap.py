@@ -1,0 +1,107 @@
+"""GradientSHAP (Lundberg & Lee 2017, arXiv:1705.07874), through Captum's `GradientShap`, seeded per input.
+
+Expected gradients: for each sample, a baseline drawn from the given constant baselines, a random
+point between it and the (optionally noised) input, and (input - baseline) × the gradient there;
+the attribution is their mean.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+from captum.attr import GradientShap as CaptumGradientShap
+from pydantic import Field
+from torch import Tensor, nn
+
+from service.config import Settings
+from service.errors import InvalidField
+from service.introspection.attribution.base import (
+    AttributionContext,
+    AttributionMethod,
+    Attributions,
+    MethodParams,
+    register_method,
+    same_dtype,
+    seeded,
+)
+
+Constant = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+
+
+class GradientShapParams(MethodParams):
+    method: Literal["gradient_shap"] = "gradient_shap"
+    samples: int = Field(16, ge=1, description="gradient_shap: n_samples (limit max_gradient_shap_samples).")
+    baselines: list[Constant] = Field(
+        [0.0],
+        min_length=1,
+        max_length=16,
+        description="gradient_shap: the baseline distribution: constant inputs of these values, drawn uniformly.",
+    )
+    noise: float = Field(
+        0.0, ge=0.0, le=10.0, description="gradient_shap: stdev of the input noise, a fraction of x.max() - x.min()."
+    )
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="gradient_shap: the same seed gives the same map.")
+
+
+# Captum draws baselines and path points from NumPy's global generator, which every thread shares: one seeded
+# attribution at a time (those of other models wait here).
+_NUMPY_RNG = threading.Lock()
+
+
+@contextmanager
+def numpy_seeded(seed: int) -> Iterator[None]:
+    """NumPy's global generator seeded with `seed` inside the block (one block at a time), restored afterwards."""
+    with _NUMPY_RNG:
+        state = np.random.get_state()
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(state)
+
+
+@register_method
+class GradientShap(AttributionMethod[GradientShapParams]):
+    """Each input runs alone through Captum, with the torch and NumPy generators seeded with its own `seed`, so
+    its map does not depend on the rest of the batch, and requests with different parameters share a batch.
+    All `samples` of one input go through the model in one forward and one backward."""
+
+    name = "gradient_shap"
+    params = GradientShapParams
+    title = "GradientSHAP (Lundberg & Lee 2017): expected gradients from constant baselines, seeded"
+
+    def chunk(self, params: GradientShapParams, settings: Settings) -> int:
+        return params.samples
+
+    def check_limits(self, params: GradientShapParams, settings: Settings) -> None:
+        if params.samples > settings.max_gradient_shap_samples:
+            raise InvalidField(
+                f"samples {params.samples} is over the limit of {settings.max_gradient_shap_samples} "
+                "(max_gradient_shap_samples)"
+            )
+
+    def attribute(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        targets: list[int],
+        params: Sequence[GradientShapParams],
+        ctx: AttributionContext,
+    ) -> Attributions:
+        shap = CaptumGradientShap(same_dtype(model, x.dtype))
+        rows = []
+        for i, (target, own) in enumerate(zip(targets, params, strict=True)):
+            row = x[i : i + 1].detach()
+            stdev = float(own.noise * (row.max() - row.min()))
+            baselines = torch.stack([torch.full_like(row[0], value) for value in own.baselines])
+            row.requires_grad_(True)
+            with seeded(own.seed, row.device), numpy_seeded(own.seed):
+                rows.append(
+                    shap.attribute(row, baselines=baselines, n_samples=own.samples, stdevs=stdev, target=target)
+                )
+        return Attributions(torch.cat(rows))
