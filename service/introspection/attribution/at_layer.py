@@ -7,16 +7,17 @@ calls, so the named layer is checked first, on one input row, to run once and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from service.config import Settings
 from service.errors import InvalidField
-from service.introspection.attribution.base import input_space_map
+from service.introspection.attribution.base import AttributionMethod, MethodParams, input_space_map
 from service.introspection.hooks import HookScope
 from service.introspection.layers import last_conv2d, resolve_layers
 
@@ -111,3 +112,38 @@ def layer_heatmap(row: Tensor, x: Tensor) -> Tensor:
         size = tuple(x.shape[-2:])
         return F.interpolate(magnitude[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
     return magnitude
+
+
+class LayerPathParams(MethodParams):
+    """A path integral at one layer: the layer (None, the last Conv2d) and the path's steps."""
+
+    layer: str | None = None
+    steps: int = 50
+
+
+LP = TypeVar("LP", bound=LayerPathParams)
+
+
+class LayerPathMethod(AttributionMethod[LP]):
+    """What layer_integrated_gradients and layer_conductance share: requests with the same layer and steps
+    share a batch, inputs go in chunks of `ig_internal_batch_size`, the steps are under the setting named by
+    `steps_limit`, and the heatmap is `layer_heatmap`."""
+
+    steps_limit: ClassVar[str]
+
+    def chunk(self, params: LP, settings: Settings) -> int:
+        return settings.ig_internal_batch_size
+
+    def check_limits(self, params: LP, settings: Settings) -> None:
+        limit: int = getattr(settings, self.steps_limit)
+        if params.steps > limit:
+            raise InvalidField(f"steps {params.steps} is over the limit of {limit} ({self.steps_limit})")
+
+    def resolve_layers(self, params: LP, names: Sequence[str]) -> LP:
+        return params.model_copy(update={"layer": resolve_layer(names, params.layer)})
+
+    def batch_key(self, params: LP) -> Hashable:
+        return params.layer, params.steps
+
+    def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
+        return layer_heatmap(row, x)

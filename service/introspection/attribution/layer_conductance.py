@@ -7,7 +7,7 @@ max over channels of |attribution|, upsampled bilinearly to the input.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -15,49 +15,25 @@ from captum.attr import LayerConductance as CaptumLayerConductance
 from pydantic import Field
 from torch import Tensor, nn
 
-from service.config import Settings
-from service.errors import InvalidField
-from service.introspection.attribution.at_layer import layer_heatmap, layer_name, resolve_layer, single_run
-from service.introspection.attribution.base import (
-    AttributionContext,
-    AttributionMethod,
-    Attributions,
-    MethodParams,
-    register_method,
-    same_dtype,
-)
+from service.introspection.attribution.at_layer import LayerPathMethod, LayerPathParams, layer_name, single_run
+from service.introspection.attribution.base import AttributionContext, Attributions, register_method, same_dtype
 
 
-class LayerConductanceParams(MethodParams):
+class LayerConductanceParams(LayerPathParams):
     method: Literal["layer_conductance"] = "layer_conductance"
     layer: str | None = Field(None, description="layer_conductance: the layer (default the last Conv2d).")
     steps: int = Field(50, ge=1, description="layer_conductance: n_steps (limit max_conductance_steps).")
 
 
 @register_method
-class LayerConductance(AttributionMethod[LayerConductanceParams]):
-    """Requests with the same layer and steps share a batch. Conductance differences consecutive path points,
-    so inputs go in chunks of half `ig_internal_batch_size` (at least one) and no forward sees more examples
-    than `ig_internal_batch_size` (or two, when that is 1)."""
+class LayerConductance(LayerPathMethod[LayerConductanceParams]):
+    """Conductance differences consecutive path points, so inputs go in chunks of half `ig_internal_batch_size`
+    (at least one) and no forward sees more examples than `ig_internal_batch_size` (or two, when that is 1)."""
 
     name = "layer_conductance"
     params = LayerConductanceParams
     title = "Layer conductance (Dhamdhere et al. 2018) at a layer (default: the last Conv2d), with convergence deltas"
-
-    def chunk(self, params: LayerConductanceParams, settings: Settings) -> int:
-        return settings.ig_internal_batch_size
-
-    def check_limits(self, params: LayerConductanceParams, settings: Settings) -> None:
-        if params.steps > settings.max_conductance_steps:
-            raise InvalidField(
-                f"steps {params.steps} is over the limit of {settings.max_conductance_steps} (max_conductance_steps)"
-            )
-
-    def resolve_layers(self, params: LayerConductanceParams, names: Sequence[str]) -> LayerConductanceParams:
-        return params.model_copy(update={"layer": resolve_layer(names, params.layer)})
-
-    def batch_key(self, params: LayerConductanceParams) -> Hashable:
-        return params.layer, params.steps
+    steps_limit = "max_conductance_steps"
 
     def attribute(
         self,
@@ -86,6 +62,3 @@ class LayerConductance(AttributionMethod[LayerConductanceParams]):
             rows.append(attr)
             deltas.append(delta)
         return Attributions(torch.cat(rows), [float(d) for d in torch.cat(deltas).float().tolist()])
-
-    def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
-        return layer_heatmap(row, x)

@@ -8,7 +8,7 @@ max over channels of |attribution|, upsampled bilinearly to the input.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -16,48 +16,26 @@ from captum.attr import LayerIntegratedGradients as CaptumLayerIntegratedGradien
 from pydantic import Field
 from torch import Tensor, nn
 
-from service.config import Settings
 from service.errors import InvalidField
-from service.introspection.attribution.at_layer import layer_heatmap, layer_name, resolve_layer, single_run
-from service.introspection.attribution.base import (
-    AttributionContext,
-    AttributionMethod,
-    Attributions,
-    MethodParams,
-    register_method,
-    same_dtype,
-)
+from service.introspection.attribution.at_layer import LayerPathMethod, LayerPathParams, layer_name, single_run
+from service.introspection.attribution.base import AttributionContext, Attributions, register_method, same_dtype
 
 
-class LayerIntegratedGradientsParams(MethodParams):
+class LayerIntegratedGradientsParams(LayerPathParams):
     method: Literal["layer_integrated_gradients"] = "layer_integrated_gradients"
     layer: str | None = Field(None, description="layer_integrated_gradients: the layer (default the last Conv2d).")
     steps: int = Field(50, ge=1, description="layer_integrated_gradients: n_steps (limit max_ig_steps).")
 
 
 @register_method
-class LayerIntegratedGradients(AttributionMethod[LayerIntegratedGradientsParams]):
-    """Requests with the same layer and steps share a batch; inputs go in chunks of `ig_internal_batch_size`,
-    which also bounds each internal forward, as for integrated_gradients (and under its step limit)."""
+class LayerIntegratedGradients(LayerPathMethod[LayerIntegratedGradientsParams]):
+    """Each forward also sees at most `ig_internal_batch_size` examples, as for integrated_gradients (and under
+    its step limit)."""
 
     name = "layer_integrated_gradients"
     params = LayerIntegratedGradientsParams
     title = "Layer Integrated Gradients (Sundararajan et al. 2017) at a layer (default: the last Conv2d)"
-
-    def chunk(self, params: LayerIntegratedGradientsParams, settings: Settings) -> int:
-        return settings.ig_internal_batch_size
-
-    def check_limits(self, params: LayerIntegratedGradientsParams, settings: Settings) -> None:
-        if params.steps > settings.max_ig_steps:
-            raise InvalidField(f"steps {params.steps} is over the limit of {settings.max_ig_steps} (max_ig_steps)")
-
-    def resolve_layers(
-        self, params: LayerIntegratedGradientsParams, names: Sequence[str]
-    ) -> LayerIntegratedGradientsParams:
-        return params.model_copy(update={"layer": resolve_layer(names, params.layer)})
-
-    def batch_key(self, params: LayerIntegratedGradientsParams) -> Hashable:
-        return params.layer, params.steps
+    steps_limit = "max_ig_steps"
 
     def attribute(
         self,
@@ -91,6 +69,3 @@ class LayerIntegratedGradients(AttributionMethod[LayerIntegratedGradientsParams]
             rows.append(attr)
             deltas.append(delta)
         return Attributions(torch.cat(rows), [float(d) for d in torch.cat(deltas).float().tolist()])
-
-    def heatmap(self, row: Tensor, x: Tensor) -> Tensor:
-        return layer_heatmap(row, x)
