@@ -1,16 +1,44 @@
-"""An ASGI app behind a real uvicorn on a free loopback port, in a thread of the test process."""
+"""The app in the test process: behind a real uvicorn on a free loopback port, or on the test's own event loop
+through httpx's ASGI transport (lifespan running, models loaded)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
 
+import httpx
 import uvicorn
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.config import Settings
+from service.main import create_app
 from tests.helpers.waiting import PATIENCE_S
+
+
+@asynccontextmanager
+async def asgi_serving(
+    model_dir: Path, files: dict[str, str], **settings: Any
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """Write `files` (models.toml and the model code) into `model_dir`, start the app's lifespan and yield it with
+    a client on the same event loop once no model is loading. `settings` override Settings' defaults."""
+    for name, text in files.items():
+        (model_dir / name).write_text(text)
+    settings = {"worker_threads": 2, "decode_threads": 2} | settings
+    app = create_app(Settings(model_dir=model_dir, config=model_dir / "models.toml", **settings))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
+            deadline = time.monotonic() + PATIENCE_S
+            while any(m["status"] == "loading" for m in (await client.get("/models")).json()["models"]):
+                assert time.monotonic() < deadline, "models still loading"
+                await asyncio.sleep(0.02)
+            yield app, client
 
 
 @contextmanager

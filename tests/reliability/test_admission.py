@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +14,8 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from service.config import Settings
-from service.main import create_app
 from tests.conftest import ClientFactory, tensor_input
+from tests.helpers.serving import asgi_serving
 from tests.reliability.live_server import LiveServer
 
 MIB = 1024 * 1024
@@ -112,19 +109,8 @@ def test_tensor_inputs_have_a_pixel_bound_like_images(make_client: ClientFactory
     assert client.post("/predict", json={"model": "gate", "inputs": x(16)}).status_code == 200
 
 
-@asynccontextmanager
-async def serve(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    (tmp_path / "gate.py").write_text(GATE_PY)
-    (tmp_path / "models.toml").write_text(CONFIG)
-    app = create_app(Settings(model_dir=tmp_path, config=tmp_path / "models.toml", **settings))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
-            deadline = time.monotonic() + 60
-            while (await client.get("/models/gate")).json()["status"] == "loading":
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
-            yield app, client
+def serve(tmp_path: Path, **settings: Any) -> AbstractAsyncContextManager[tuple[FastAPI, httpx.AsyncClient]]:
+    return asgi_serving(tmp_path, {"gate.py": GATE_PY, "models.toml": CONFIG}, **settings)
 
 
 def test_requests_that_do_not_fit_together_wait_in_turn_and_a_full_wait_is_503(tmp_path: Path) -> None:

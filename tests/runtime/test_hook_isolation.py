@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +20,10 @@ from PIL import Image
 from torch import Tensor, nn
 
 from service.codecs.preprocess import preprocess_image
-from service.config import Settings
-from service.main import create_app
 from service.zoo.lenet import lenet_preprocess_spec, load_lenet, samples_dir
 from tests.conftest import assert_no_module_hooks, direct_capture, tensor_input, write_lenet
 from tests.helpers.compare import assert_batched_close
+from tests.helpers.serving import asgi_serving
 
 # A python model that sleeps inside a layer (so jobs overlap in time) and records, at every
 # forward, how many hooks its modules hold and the first feature of each row (a request tag).
@@ -74,21 +71,9 @@ max_batch_delay_ms = 2
 """
 
 
-@asynccontextmanager
-async def serve(model_dir: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+def serve(model_dir: Path) -> AbstractAsyncContextManager[tuple[FastAPI, httpx.AsyncClient]]:
     """The app with its lifespan running, and a client on the same event loop."""
-    (model_dir / "slow.py").write_text(SLOW_PY)
-    (model_dir / "models.toml").write_text(write_lenet(model_dir) + SLOW_TOML)
-    settings = Settings(model_dir=model_dir, config=model_dir / "models.toml", worker_threads=2, decode_threads=2)
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve") as client:
-            deadline = time.monotonic() + 60
-            while any(m["status"] == "loading" for m in (await client.get("/models")).json()["models"]):
-                assert time.monotonic() < deadline, "models still loading"
-                await asyncio.sleep(0.02)
-            yield app, client
+    return asgi_serving(model_dir, {"slow.py": SLOW_PY, "models.toml": write_lenet(model_dir) + SLOW_TOML})
 
 
 def served(app: FastAPI, name: str) -> nn.Module:

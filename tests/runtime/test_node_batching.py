@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import sys
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,9 @@ from fastapi import FastAPI
 from torch import Tensor, nn
 from torchvision.models.feature_extraction import create_feature_extractor
 
-from service.config import Settings
-from service.main import create_app
 from tests.conftest import as_tensor, direct_capture, tensor_input
 from tests.helpers.compare import assert_batched_close
+from tests.helpers.serving import asgi_serving
 
 TOY_PY = '''
 import torch
@@ -71,20 +68,8 @@ max_batch_size = 64
 """
 
 
-@asynccontextmanager
-async def serve(model_dir: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    (model_dir / "toy.py").write_text(TOY_PY)
-    (model_dir / "models.toml").write_text(CONFIG)
-    settings = Settings(model_dir=model_dir, config=model_dir / "models.toml", worker_threads=2, decode_threads=2)
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
-            deadline = time.monotonic() + 60
-            while (await client.get("/models/toy")).json()["status"] == "loading":
-                assert time.monotonic() < deadline, "model still loading"
-                await asyncio.sleep(0.02)
-            yield app, client
+def serve(model_dir: Path) -> AbstractAsyncContextManager[tuple[FastAPI, httpx.AsyncClient]]:
+    return asgi_serving(model_dir, {"toy.py": TOY_PY, "models.toml": CONFIG})
 
 
 def toy(app: FastAPI) -> nn.Module:

@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from torch import Tensor
 
 from service.config import Settings
 from service.introspection.attribution import compute_saliency, method_named
-from service.main import create_app
 from tests.conftest import as_tensor, tensor_input
 from tests.helpers.captum_reference import NEW_METHODS
 from tests.helpers.compare import assert_batched_close
+from tests.helpers.serving import asgi_serving
 
 TOY_PY = '''
 import torch
@@ -77,66 +75,57 @@ def inputs(seed: int, n: int) -> Tensor:
 
 @pytest.mark.parametrize("method", NEW_METHODS)
 def test_two_concurrent_requests_share_a_batch_and_each_equals_itself_alone(tmp_path: Path, method: str) -> None:
-    (tmp_path / "toy.py").write_text(TOY_PY)
-    (tmp_path / "models.toml").write_text(CONFIG)
-    settings = Settings(model_dir=tmp_path, config=tmp_path / "models.toml", worker_threads=2, decode_threads=2)
+    settings = Settings(worker_threads=2, decode_threads=2)
 
     async def scenario() -> None:
-        app = create_app(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://hookserve", timeout=60) as client:
-                deadline = time.monotonic() + 60
-                while (await client.get("/models/toy")).json()["status"] == "loading":
-                    assert time.monotonic() < deadline, "model still loading"
-                    await asyncio.sleep(0.02)
-                served = app.state.hookserve.fleet.ready("toy")
-                requests = [(inputs(1, 2), [4, 0], PAIRS[method][0]), (inputs(2, 1), [2], PAIRS[method][1])]
-                wants = []
-                for x, targets, fields in requests:
-                    params = method_named(method).params.model_validate({"method": method, **fields})
-                    wants.append(compute_saliency(served.model.module, x, params, targets, settings=settings))
-                executor = served.executor
-                before = executor.stats.hooked_batches
-                started, gate = threading.Event(), threading.Event()
+        async with asgi_serving(tmp_path, {"toy.py": TOY_PY, "models.toml": CONFIG}) as (app, client):
+            served = app.state.hookserve.fleet.ready("toy")
+            requests = [(inputs(1, 2), [4, 0], PAIRS[method][0]), (inputs(2, 1), [2], PAIRS[method][1])]
+            wants = []
+            for x, targets, fields in requests:
+                params = method_named(method).params.model_validate({"method": method, **fields})
+                wants.append(compute_saliency(served.model.module, x, params, targets, settings=settings))
+            executor = served.executor
+            before = executor.stats.hooked_batches
+            started, gate = threading.Event(), threading.Event()
 
-                def hold() -> None:  # holds the eager module until both requests are queued behind it
-                    started.set()
-                    gate.wait(timeout=30)
+            def hold() -> None:  # holds the eager module until both requests are queued behind it
+                started.set()
+                gate.wait(timeout=30)
 
-                holder = asyncio.ensure_future(executor.run_exclusive(hold))
-                while not started.is_set():
-                    await asyncio.sleep(0.005)
-                posts = asyncio.gather(
-                    *(
-                        client.post(
-                            "/saliency",
-                            json={
-                                "model": "toy",
-                                "method": method,
-                                "inputs": [tensor_input(t) for t in x],
-                                "target": targets,
-                                **fields,
-                            },
-                        )
-                        for x, targets, fields in requests
+            holder = asyncio.ensure_future(executor.run_exclusive(hold))
+            while not started.is_set():
+                await asyncio.sleep(0.005)
+            posts = asyncio.gather(
+                *(
+                    client.post(
+                        "/saliency",
+                        json={
+                            "model": "toy",
+                            "method": method,
+                            "inputs": [tensor_input(t) for t in x],
+                            "target": targets,
+                            **fields,
+                        },
                     )
+                    for x, targets, fields in requests
                 )
-                while executor.queue_depth < 2 and not posts.done():
-                    await asyncio.sleep(0.005)
-                gate.set()
-                await holder
-                responses = await posts
-                assert executor.stats.hooked_batches - before == 1  # the two shared one batch
-                for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
-                    assert response.status_code == 200, response.text
-                    results = response.json()["results"]
-                    assert [r["target"] for r in results] == [w.target for w in want]
-                    for got, item in zip(results, want, strict=True):
-                        assert_batched_close(as_tensor(got["attribution"]), item.attribution, f"request {i}")
-                        assert_batched_close(as_tensor(got["heatmap"]), item.heatmap, f"request {i} heatmap")
-                        if item.convergence_delta is not None:
-                            assert got["convergence_delta"] == pytest.approx(item.convergence_delta, abs=1e-6)
-                assert (await client.get("/models/toy")).json()["hooks"] == 0
+            )
+            while executor.queue_depth < 2 and not posts.done():
+                await asyncio.sleep(0.005)
+            gate.set()
+            await holder
+            responses = await posts
+            assert executor.stats.hooked_batches - before == 1  # the two shared one batch
+            for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
+                assert response.status_code == 200, response.text
+                results = response.json()["results"]
+                assert [r["target"] for r in results] == [w.target for w in want]
+                for got, item in zip(results, want, strict=True):
+                    assert_batched_close(as_tensor(got["attribution"]), item.attribution, f"request {i}")
+                    assert_batched_close(as_tensor(got["heatmap"]), item.heatmap, f"request {i} heatmap")
+                    if item.convergence_delta is not None:
+                        assert got["convergence_delta"] == pytest.approx(item.convergence_delta, abs=1e-6)
+            assert (await client.get("/models/toy")).json()["hooks"] == 0
 
     asyncio.run(scenario())
