@@ -7,8 +7,14 @@ from service import openmp_env
 openmp_env.apply()  # before anything imports torch (and with it libgomp)
 
 import argparse
+import asyncio
+import logging
 import math
+import os
 import signal
+import socket
+import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -17,8 +23,12 @@ from typing import Any
 import uvicorn
 
 from service.api.observability import configure_logging
+from service.api.shutdown import ShutdownNotice
 from service.config_check import settings_or_exit
 from service.main import create_app
+
+CUT_MARGIN_S = 2  # uvicorn's own cancel, a backstop after the notice has answered what was still running
+log = logging.getLogger("hookserve")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -37,20 +47,68 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server; when `grace_s` has passed since shutdown began, what is still running is answered 503."""
+
+    def __init__(self, config: uvicorn.Config, notice: ShutdownNotice, grace_s: float) -> None:
+        super().__init__(config)
+        self.notice = notice
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.grace_s, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        cut = self.notice.cut()
+        if cut:
+            log.warning(
+                "shutdown grace period (%g s) over: answered %d request(s) still running with 503", self.grace_s, cut
+            )
+
+
+def exit_past_stragglers(code: int = 0) -> None:
+    """Leave at once if model threads are still running (a job cut at the grace period, still inside torch).
+
+    At interpreter exit such threads can crash the process mid-forward (SIGSEGV); their requests
+    were answered already, so nothing is lost by not waiting for them."""
+    stragglers = [
+        t.name for t in threading.enumerate() if t.daemon and t.is_alive() and t.name.startswith("hookserve-")
+    ]
+    if not stragglers:
+        return
+    log.warning("exiting with %d model thread(s) still running: %s", len(stragglers), ", ".join(stragglers))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,
         workers=1,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + CUT_MARGIN_S,
     )
+    server = GracefulServer(config, app.state.shutdown_notice, settings.shutdown_grace_s)
+    try:
+        server.run()
+    except SystemExit as exc:
+        exit_past_stragglers(exc.code if isinstance(exc.code, int) else 1)
+        raise
+    exit_past_stragglers()
 
 
 if __name__ == "__main__":

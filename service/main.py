@@ -36,6 +36,7 @@ from service.api.routes import (
     ui,
     v2,
 )
+from service.api.shutdown import AnswerWhenCutMiddleware, ShutdownNotice
 from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.registry.builtin import ZOO_DIR, builtin_specs
@@ -139,5 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"]
         )
+    notice = ShutdownNotice()  # `python -m service` cuts what still runs when the shutdown grace period ends
+    app.state.shutdown_notice = notice
+    app.add_middleware(AnswerWhenCutMiddleware, notice=notice, envelopes={v2.PREFIX: v2.oip_error_body})
     install_observability(app, settings)  # outermost: sees every request, 413s included
     return app

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.asgi_errors import Envelopes, error_body, send_error
 
 
 class _BodyTooLarge(Exception):
@@ -21,7 +20,7 @@ class BodyLimitMiddleware:
         limit: int,
         upload_limit: int,
         upload_paths: tuple[str, ...],
-        envelopes: Mapping[str, Callable[[str], bytes]] | None = None,
+        envelopes: Envelopes | None = None,
     ) -> None:
         """`envelopes`: path prefix -> the error body for paths under it (default `{"detail": ...}`)."""
         self.app = app
@@ -77,13 +76,4 @@ class BodyLimitMiddleware:
 
     async def _send_413(self, send: Send, path: str, limit: int, name: str) -> None:
         detail = f"request body over the {limit}-byte limit ({name})"
-        envelope = next((make for prefix, make in self.envelopes.items() if path.startswith(prefix)), None)
-        body = envelope(detail) if envelope is not None else orjson.dumps({"detail": detail})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, error_body(self.envelopes, path, detail))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -78,32 +80,57 @@ def test_sigterm_finishes_in_flight_request_then_exits_0(tmp_path: Path) -> None
     assert answer["activations"]["body"]["output"]["shape"] == [1, WIDTH]
 
 
-def test_sigterm_cuts_jobs_past_the_grace_period(tmp_path: Path) -> None:
-    """A job longer than shutdown_grace_s does not hold the process: it exits 0 while the job is still held
-    (its gate never opens; the model would hold it for 10 minutes)."""
+@pytest.mark.parametrize(
+    ("path", "body", "envelope"),
+    [
+        ("/activations", HELD_BODY | {"layers": ["body"]}, "detail"),
+        (
+            "/v2/models/held/infer",
+            {"inputs": [{"name": "input__0", "shape": [1, WIDTH], "datatype": "FP32", "data": [HOLD, 0, 0, 0]}]},
+            "error",
+        ),
+    ],
+)
+def test_sigterm_answers_jobs_past_the_grace_period_503_and_exits_0(
+    tmp_path: Path, path: str, body: dict[str, Any], envelope: str
+) -> None:
+    """A job longer than shutdown_grace_s does not hold the process: its client gets a JSON 503 with Retry-After
+    (in /v2's own envelope there) and the process exits 0 while the job is still held (its gate never opens; the
+    model would hold it for 10 minutes)."""
     server, gate = _held_server(tmp_path, 1.0)
     with server:
-        thread, result = _post_in_background(f"{server.base_url}/activations", HELD_BODY | {"layers": ["body"]})
+        thread, result = _post_in_background(f"{server.base_url}{path}", body)
         wait_until(Path(f"{gate}.entered").exists, "the held request to reach the model")
         server.signal(signal.SIGTERM)
         code = server.wait(timeout=PATIENCE_S)  # a generous bound for the 1 s grace; the job would take 600 s
         thread.join(PATIENCE_S)
         assert code == 0, server.log()
     assert not Path(f"{gate}.open").exists()
-    assert "response" not in result or result["response"].status_code != 200
+    assert "error" not in result, f"the connection was dropped: {result.get('error')!r}\n{server.log()}"
+    response = result["response"]
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert int(response.headers["retry-after"]) > 0
+    assert "shutting down" in response.json()[envelope]
 
 
 def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`python -m service` hands shutdown_grace_s (rounded up) to uvicorn and maps uvicorn's re-raised SIGTERM to 0."""
+    """`python -m service` cuts at shutdown_grace_s, gives uvicorn a later backstop, and maps uvicorn's re-raised
+    SIGTERM to 0."""
     seen: dict[str, Any] = {}
 
-    def fake_run(app: object, **kwargs: Any) -> None:
-        seen.update(kwargs, handler=signal.getsignal(signal.SIGTERM))
+    def fake_run(server: entry.GracefulServer, sockets: object = None) -> None:
+        seen.update(
+            timeout=server.config.timeout_graceful_shutdown,
+            grace=server.grace_s,
+            handler=signal.getsignal(signal.SIGTERM),
+        )
 
     previous = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr("service.__main__.uvicorn.run", fake_run)
+    monkeypatch.setattr(entry.GracefulServer, "run", fake_run)
+    monkeypatch.setattr(entry, "exit_past_stragglers", lambda code=0: None)  # never os._exit pytest itself
     monkeypatch.setattr(entry, "configure_logging", lambda level: None)
     monkeypatch.setenv("HOOKSERVE_SHUTDOWN_GRACE_S", "2.5")
     (tmp_path / "models.toml").write_text("")  # no models; start-up refuses a config file that is not there
@@ -111,10 +138,37 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
     try:
         entry.main([])
         handler = seen["handler"]
-        assert seen["timeout_graceful_shutdown"] == 3
+        assert seen["grace"] == 2.5  # the notice cuts what still runs at 2.5 s; uvicorn's own cancel is a backstop
+        assert seen["timeout"] == 3 + entry.CUT_MARGIN_S
         assert callable(handler)
         with pytest.raises(SystemExit) as exited:
             handler(signal.SIGTERM, None)
         assert exited.value.code == 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+STRAGGLER_CHILD = """
+import sys, threading, time
+import service.__main__ as entry
+
+if sys.argv[1] == "straggler":
+    threading.Thread(target=time.sleep, args=(600,), name="hookserve-m-0", daemon=True).start()
+entry.exit_past_stragglers(0)
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("threads", "returns"), [("straggler", False), ("none", True)])
+def test_exit_past_stragglers_exits_at_once_only_while_model_threads_run(threads: str, returns: bool) -> None:
+    """A model thread still running (a job cut at the grace period) makes the process leave at once with code 0,
+    instead of exiting the interpreter around a thread inside torch; with none it returns (normal exit)."""
+    child = subprocess.run(
+        [sys.executable, "-c", STRAGGLER_CHILD, threads],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+    )
+    assert child.returncode == 0, child.stderr
+    assert ("returned" in child.stdout) is returns
