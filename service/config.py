@@ -82,6 +82,12 @@ class Settings(BaseSettings):
         description="Memory all requests in flight may hold together; a request that does not fit waits "
         "(503 when max_queue already wait). Default: half the machine's memory.",
     )
+    memory_trim_after_bytes: int = Field(
+        256 * MiB,
+        ge=0,
+        description="Once finished requests have held this much memory in total and none is in flight, the freed "
+        "memory is given back to the OS (glibc malloc_trim); 0 = never.",
+    )
     max_edits: int = Field(32, ge=1, description="Edits per /interventions request.")
     max_sources: int = Field(8, ge=0, description="Named donor runs per /interventions request.")
     max_edit_tensor_bytes: int = Field(16 * MiB, description="Size of one edit's tensor (add, set).")

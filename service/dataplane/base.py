@@ -16,6 +16,7 @@ from service.dataplane.costs import Estimate, check_answer
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
+from service.runtime.allocator import MemoryReturner
 from service.runtime.fleet import Fleet, ServedModel
 from service.runtime.runners.base import Runner
 from service.runtime.runners.saliency import SaliencyRunner
@@ -32,7 +33,13 @@ class PlaneBase:
         self.fleet = fleet
         self.decode_pool = decode_pool
         self.saliency_runner = SaliencyRunner(settings)
-        self.budget = MemoryBudget(settings.memory_budget_bytes, settings.max_request_memory_bytes, settings.max_queue)
+        self.memory_returner = MemoryReturner(settings.memory_trim_after_bytes)
+        self.budget = MemoryBudget(
+            settings.memory_budget_bytes,
+            settings.max_request_memory_bytes,
+            settings.max_queue,
+            on_release=self.memory_returner.freed,
+        )
 
     def ready(self, name: str) -> ServedModel:
         """The ready model called `name` (404 unknown, 409 loading or failed)."""

@@ -48,10 +48,18 @@ def _size(n: int) -> str:
 class MemoryBudget:
     """Bytes that requests in flight may hold together; waiters are served in arrival order."""
 
-    def __init__(self, total_bytes: int, per_request_bytes: int, max_waiting: int) -> None:
+    def __init__(
+        self,
+        total_bytes: int,
+        per_request_bytes: int,
+        max_waiting: int,
+        on_release: Callable[[int, bool], object] | None = None,
+    ) -> None:
+        """`on_release(size, idle)` hears of each reservation given back (`idle`: nothing else is held)."""
         self.total = total_bytes
         self.per_request = per_request_bytes
         self.max_waiting = max_waiting
+        self.on_release = on_release
         self.in_use = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
 
@@ -85,6 +93,8 @@ class MemoryBudget:
                 released = True
                 self.in_use -= cost.total
                 self._wake()
+                if self.on_release is not None:
+                    self.on_release(cost.total, self.in_use == 0)
 
         if releases is not None:
             releases.append(release)  # given back once the answer is sent

@@ -231,17 +231,26 @@ class ModelExecutor:
 
     def _work(self) -> None:
         pin_torch_threads(1)
-        while (batch := self._scheduler.take()) is not None:
+        while self._work_once():
+            pass
+
+    def _work_once(self) -> bool:
+        """Take and run one batch; False once the scheduler is closed. A function of its own so that nothing
+        of the batch (inputs, captures, answers) stays referenced while the thread waits for the next one."""
+        batch = self._scheduler.take()
+        if batch is None:
+            return False
+        with self._running_lock:
+            self._running += 1
+        try:
+            live = [job for job in batch.jobs if job.future.set_running_or_notify_cancel()]
+            if live:
+                self._run(Batch(live, batch.access))
+        finally:
             with self._running_lock:
-                self._running += 1
-            try:
-                live = [job for job in batch.jobs if job.future.set_running_or_notify_cancel()]
-                if live:
-                    self._run(Batch(live, batch.access))
-            finally:
-                with self._running_lock:
-                    self._running -= 1
-                self._scheduler.done(batch)
+                self._running -= 1
+            self._scheduler.done(batch)
+        return True
 
     def _call(self, fn: Callable[[], T], wide: bool = True) -> tuple[T, float]:
         """Run `fn` (CPU models within the thread budget; GPU models on this thread); its result and start.

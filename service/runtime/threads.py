@@ -61,12 +61,20 @@ class WideRunner:
     def _serve(self, ready: threading.Event) -> None:
         pin_torch_threads(self.threads)
         ready.set()
-        while (item := self._jobs.get()) is not None:
-            fn, future = item
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
+        while self._serve_one():
+            pass
+
+    def _serve_one(self) -> bool:
+        """Run one job; False on `close`. Its own frame, so the job's result is not held while the thread waits."""
+        item = self._jobs.get()
+        if item is None:
+            return False
+        fn, future = item
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+        return True
 
 
 class ThreadBudget:

@@ -1,0 +1,69 @@
+"""Freed memory given back to the operating system.
+
+glibc's allocator keeps the pages of freed large tensors in its arenas (its mmap threshold
+grows with every large free), so after a large request the process stays at that request's
+peak; a few such requests at once leave it at several times one request's peak. `malloc_trim`
+returns the free pages. `MemoryReturner` runs it, off the event loop, once requests that held
+`after_bytes` in total have finished and nothing is in flight, so no trim slows a busy server.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("hookserve.memory")
+
+
+def find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim(pad)`, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+class MemoryReturner:
+    """Counts the memory finished requests held; past `after_bytes`, when idle, trims the allocator once."""
+
+    def __init__(self, after_bytes: int, trim: Callable[[int], int] | None = None) -> None:
+        """`after_bytes` 0 never trims; `trim` defaults to glibc's `malloc_trim`."""
+        self.after_bytes = after_bytes
+        self._trim = trim if trim is not None else find_malloc_trim()
+        self._freed = 0
+        self._running = False
+        self._lock = threading.Lock()
+        self.trims = 0  # completed trims (tests and metrics read it)
+
+    def freed(self, size: int, idle: bool) -> bool:
+        """A request that held `size` bytes finished; `idle`: nothing else is in flight. Whether a trim started."""
+        if self.after_bytes <= 0 or self._trim is None:
+            return False
+        with self._lock:
+            self._freed += size
+            if self._freed < self.after_bytes or not idle or self._running:
+                return False
+            self._freed = 0
+            self._running = True
+        threading.Thread(target=self._run, name="memory-trim", daemon=True).start()
+        return True
+
+    def _run(self) -> None:
+        assert self._trim is not None
+        try:
+            self._trim(0)
+        except Exception:  # a trim that fails costs memory, not correctness
+            log.exception("malloc_trim failed")
+        finally:
+            with self._lock:
+                self._running = False
+                self.trims += 1
