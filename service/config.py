@@ -108,5 +108,17 @@ class Settings(BaseSettings):
         512, description="Layer conductance steps (layer_integrated_gradients takes max_ig_steps)."
     )
     max_upload_bytes: int = 2048 * MiB
+    max_checkpoint_entries: int = Field(
+        100_000,
+        ge=1,
+        description="Tensors and dict, list or set items one checkpoint may hold, counted from its zip directory, "
+        "safetensors header or pickle opcodes before anything is loaded: 413 over it.",
+    )
+    max_checkpoint_depth: int = Field(
+        64, ge=1, description="How deeply a checkpoint may nest its values, read from its pickle opcodes: 413 over it."
+    )
+    max_checkpoint_scan_s: float = Field(
+        20.0, gt=0, description="Seconds the checks before loading a checkpoint may take: 413 after them."
+    )
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = 30.0

@@ -16,6 +16,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from service.codecs.jpeg_check import jpeg_is_complete
 from service.codecs.preprocess import center_crop_box, per_channel, resized_size
 from service.errors import BadInput, TooLarge
 from service.specs.model import Interpolation, PreprocessSpec
@@ -41,6 +42,8 @@ def jpeg_to_tensor(
         raise BadInput(f"{where} is not a decodable JPEG") from None
     if width * height > max_pixels:
         raise TooLarge(f"{where} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    if not jpeg_is_complete(data):  # nvJPEG, like libjpeg, would fill the missing blocks with grey
+        raise BadInput(f"{where} could not be decoded (truncated or corrupt JPEG)")
     gray = spec.grayscale or channels == 1
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     try:

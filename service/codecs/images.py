@@ -8,6 +8,7 @@ import warnings
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from service.codecs.jpeg_check import jpeg_is_complete
 from service.codecs.preprocess import preprocess_image
 from service.errors import BadInput, TooLarge
 from service.specs.model import PreprocessSpec
@@ -34,6 +35,8 @@ def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Imag
         )
     if width == 0 or height == 0:
         raise BadInput(f"{where} has no pixels")
+    if image.format in ("JPEG", "MPO") and not jpeg_is_complete(data):  # libjpeg would fill it with grey
+        raise BadInput(f"{where} could not be decoded (truncated or corrupt)")
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):

@@ -14,6 +14,7 @@ from service.introspection.layers import layer_tree
 from service.introspection.optimizer import optimizer_metadata, param_names_for
 from service.introspection.state_dict import get_tensor, state_dict_entries
 from service.introspection.summary import summarize
+from service.registry.paths import confine_kwargs
 from service.runtime.fleet import ServedModel, Status
 from service.schemas.models import ModelDetail, ModelInfo
 from service.specs.model import ModelSpec
@@ -35,7 +36,11 @@ class Catalogue(PlaneBase):
         }
 
     def add_model(self, spec: ModelSpec) -> ModelInfo:
-        """Register `spec` and start loading it in the background (202: poll its INFO)."""
+        """Register `spec` and start loading it in the background (202: poll its INFO).
+
+        A kwarg naming a file outside the model dir is refused now (403), before anything loads.
+        """
+        confine_kwargs(self.settings.model_dir, spec.kwargs)
         return model_info(self.fleet.add(spec))
 
     async def remove_model(self, name: str) -> ModelInfo:

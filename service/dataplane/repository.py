@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from service.dataplane.base import PlaneBase
 from service.errors import Conflict, InvalidField, NotFound
+from service.registry.paths import confine_kwargs
 from service.runtime.fleet import Entry, Fleet, Status
 from service.specs.model import ModelSpec
 
@@ -53,6 +54,8 @@ async def load(registry: Fleet, name: str, config: str | None = None) -> Entry:
     Already ready or loading: waits for it. A failed model is loaded again. A load that fails is a 409.
     """
     spec = _spec_from_config(name, config) if config is not None else None
+    if spec is not None:
+        confine_kwargs(registry.settings.model_dir, spec.kwargs)  # 403 now, as POST /models does
     if name in registry:
         entry = registry.entry(name)
         if entry.status is Status.failed:

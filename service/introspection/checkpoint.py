@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import pickletools
 import struct
 import zipfile
 from collections.abc import Mapping
@@ -23,9 +22,16 @@ from torch import Tensor, nn
 
 from service.dtypes import BY_SAFETENSORS, dtype_name
 from service.errors import BadInput, InvalidField, NotFound
+from service.introspection.checkpoint_scan import (
+    CheckpointLimits,
+    check_pickles,
+    check_safetensors_header,
+    check_zip_entries,
+)
 from service.introspection.optimizer import optimizer_metadata, param_names_from_state_dict
 from service.introspection.state_dict import checkpoint_state_dict_entries
 
+LEGACY_PICKLES = 5  # a legacy (non-zip) torch file: magic number, protocol, sys info, the object, storage keys
 REFUSED = "this file needs arbitrary code to unpickle; refused, nothing in it ran"
 UNREADABLE = "not a PyTorch checkpoint or safetensors file (or a corrupt/truncated one)"
 PREFERRED_KEYS = ("model_state_dict", "state_dict", "model", "")
@@ -39,35 +45,44 @@ class CheckpointFormat(StrEnum):
     safetensors = "safetensors"
 
 
-def inspect_checkpoint(path: Path, compare_to: nn.Module | None = None, stats: bool = False) -> dict[str, Any]:
+def inspect_checkpoint(
+    path: Path,
+    compare_to: nn.Module | None = None,
+    stats: bool = False,
+    limits: CheckpointLimits | None = None,
+) -> dict[str, Any]:
     """The /checkpoints/inspect answer for the file at `path` (API.md); `compare` is None without a model.
 
     Refuses code-needing pickles and TorchScript archives with InvalidField (422), anything
-    else unreadable with BadInput (400). `stats` adds `finite_stats` to every state-dict entry.
+    else unreadable with BadInput (400), and a file over `limits` with TooLarge (413) before
+    loading any of it. `stats` adds `finite_stats` to every state-dict entry.
     """
+    limits = limits or CheckpointLimits()
     try:
         with path.open("rb") as f:
             head = f.read(8)
-            is_safetensors = _is_safetensors(f, head)
+            is_safetensors = _is_safetensors(f, head, limits)
     except FileNotFoundError:
         raise NotFound("checkpoint file not found") from None
     if is_safetensors:
         found, primary = _read_safetensors(path, stats)
     else:
-        found, primary = _walk_pickle(_load_pickle(path, head), stats)
+        found, primary = _walk_pickle(_load_pickle(path, head, limits), stats, limits)
     found["compare"] = None if compare_to is None else _compare(primary, compare_to)
     return found
 
 
-def _is_safetensors(f: IO[bytes], head: bytes) -> bool:
-    """8-byte little-endian header length, then that many bytes of a JSON object."""
+def _is_safetensors(f: IO[bytes], head: bytes, limits: CheckpointLimits) -> bool:
+    """8-byte little-endian header length, then that many bytes of a JSON object (its tensors counted first)."""
     if len(head) < 8:
         return False
     (length,) = struct.unpack("<Q", head)
     if not 2 <= length <= MAX_SAFETENSORS_HEADER or f.read(1) != b"{":
         return False
+    text = b"{" + f.read(length - 1)
+    check_safetensors_header(text, limits)
     try:
-        header = json.loads(b"{" + f.read(length - 1))
+        header = json.loads(text)
     except ValueError:
         return False
     return isinstance(header, dict)
@@ -99,12 +114,15 @@ def _read_safetensors(path: Path, stats: bool) -> tuple[dict[str, Any], Mapping[
     return found, sd
 
 
-def _load_pickle(path: Path, head: bytes) -> Any:
+def _load_pickle(path: Path, head: bytes, limits: CheckpointLimits) -> Any:
     is_zip = head[:4] == b"PK\x03\x04"
     if is_zip:
-        _check_torch_zip(path)
-    elif not head or not _pickle_parses(path):
+        _check_torch_zip(path, limits)
+    elif not head:
         raise BadInput(UNREADABLE)
+    else:
+        with path.open("rb") as f:
+            check_pickles(f, limits, LEGACY_PICKLES)  # their opcodes parse, within the limits
     # torch.load reads any path ending in .safetensors as safetensors: hand it a file object then.
     by_path = is_zip and path.suffix != ".safetensors"
     try:
@@ -112,9 +130,7 @@ def _load_pickle(path: Path, head: bytes) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         with path.open("rb") as f:
             return torch.load(f, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if is_zip and not _zip_pickle_parses(path):
-            raise BadInput(UNREADABLE) from None
+    except pickle.UnpicklingError:  # the opcodes parsed (checked above): what it refused is a global
         raise InvalidField(REFUSED) from None
     except MemoryError:
         raise
@@ -122,42 +138,26 @@ def _load_pickle(path: Path, head: bytes) -> Any:
         raise BadInput(UNREADABLE) from None
 
 
-def _check_torch_zip(path: Path) -> None:
+def _check_torch_zip(path: Path, limits: CheckpointLimits) -> None:
+    """A torch zip holds data.pkl and no TorchScript code; its file count, then its pickle, within `limits`."""
     try:
+        with path.open("rb") as f:
+            check_zip_entries(f, limits)  # before the zip reader builds an object per file
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
-    except (zipfile.BadZipFile, OSError):
+            if any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in names):
+                raise InvalidField("this is a TorchScript archive (code, not a checkpoint); refused, nothing in it ran")
+            pickle_name = next((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")), None)
+            if pickle_name is None:
+                raise BadInput(UNREADABLE)
+            with archive.open(pickle_name) as f:
+                check_pickles(f, limits)
+    except (zipfile.BadZipFile, OSError, EOFError):
         raise BadInput(UNREADABLE) from None
-    if any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in names):
-        raise InvalidField("this is a TorchScript archive (code, not a checkpoint); refused, nothing in it ran")
-    if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
-        raise BadInput(UNREADABLE)
 
 
-def _pickle_parses(path: Path) -> bool:
-    """Whether the file starts with a well-formed pickle (opcodes only; nothing is executed)."""
-    with path.open("rb") as f:
-        return _opcodes_ok(f)
-
-
-def _zip_pickle_parses(path: Path) -> bool:
-    with zipfile.ZipFile(path) as archive:
-        name = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
-        with archive.open(name) as f:
-            return _opcodes_ok(f)
-
-
-def _opcodes_ok(f: IO[bytes]) -> bool:
-    try:
-        for _ in pickletools.genops(f):
-            pass
-    except Exception:
-        return False
-    return True
-
-
-def _walk_pickle(obj: Any, stats: bool) -> tuple[dict[str, Any], Mapping[str, Tensor]]:
-    found = _Sorter()
+def _walk_pickle(obj: Any, stats: bool, limits: CheckpointLimits) -> tuple[dict[str, Any], Mapping[str, Tensor]]:
+    found = _Sorter(limits)
     found.walk(obj, "", 0)
     state_dicts, optimizers = found.state_dicts, found.optimizers
     primary_key = _primary_key(state_dicts)
@@ -177,16 +177,21 @@ def _walk_pickle(obj: Any, stats: bool) -> tuple[dict[str, Any], Mapping[str, Te
 class _Sorter:
     """Sorts every value of a loaded object into state dicts, optimizer states and other values."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: CheckpointLimits) -> None:
         self.state_dicts: dict[str, Mapping[str, Tensor]] = {}
         self.optimizers: dict[str, Mapping[str, Any]] = {}
         self.other: dict[str, Any] = {}
+        self.limits = limits
+        self.visited = 0
 
     def walk(self, obj: Any, path: str, depth: int) -> None:
+        # The scan counted each value once; a value the pickle shares (memo) is walked each time it is reached.
+        self._count(1)
         if depth > MAX_DEPTH:
             self.other[path] = f"(nested deeper than {MAX_DEPTH} levels)"
         elif isinstance(obj, Mapping):
             if obj and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+                self._count(len(obj))
                 self.state_dicts[path] = obj
             elif "state" in obj and "param_groups" in obj:
                 self.optimizers[path] = obj
@@ -198,6 +203,7 @@ class _Sorter:
         elif isinstance(obj, (list, tuple, set, frozenset)):
             items = list(obj)
             if all(_is_plain(v) for v in items):
+                self._count(len(items))
                 plain = [_plain(v) for v in items[:MAX_LIST]]
                 self.other[path] = plain if len(items) <= MAX_LIST else {"length": len(items), "first": plain[:16]}
             else:
@@ -205,6 +211,11 @@ class _Sorter:
                     self.walk(value, _join(path, str(index)), depth + 1)
         else:
             self.other[path] = _plain(obj)
+
+    def _count(self, values: int) -> None:
+        self.visited += values
+        if self.visited > self.limits.entries:
+            raise self.limits.too_many(f"more than {self.limits.entries} values once its shared values are expanded")
 
 
 def _is_plain(value: Any) -> bool:

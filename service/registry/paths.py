@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from service.errors import Forbidden, NotFound
 
@@ -21,3 +24,40 @@ def resolve_under(root: Path, relative: str, *, must_exist: bool = True) -> Path
     if must_exist and not resolved.is_file():
         raise NotFound(f"no file {relative!r} under the model dir")
     return resolved
+
+
+_PATH_KEY = re.compile(r"(?:^|_)(?:path|file|dir|filename|paths|files|dirs)$", re.IGNORECASE)
+
+
+def is_path_key(key: str) -> bool:
+    """A builder kwarg that names a file or folder: `checkpoint_path`, `file`, `cache_dir`, ..."""
+    return _PATH_KEY.search(key) is not None
+
+
+def confine_kwargs(root: Path, kwargs: Mapping[str, Any], where: str = "kwargs") -> dict[str, Any]:
+    """`kwargs` with every path-like value resolved under `root` (nested dicts too); Forbidden (403) outside it.
+
+    The refusal reads only the path's text and the model dir's own links, never the file it
+    names: it is the same whether or not that file exists. A missing file inside is the builder's to report.
+    """
+    confined: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        at = f"{where}.{key}"
+        if isinstance(value, Mapping):
+            confined[key] = confine_kwargs(root, value, at)
+        elif is_path_key(str(key)):
+            confined[key] = _confine_value(root, value, at)
+        else:
+            confined[key] = value
+    return confined
+
+
+def _confine_value(root: Path, value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return str(resolve_under(root, value, must_exist=False))
+        except Forbidden as exc:
+            raise Forbidden(f"{where}: {exc.detail}") from None
+    if isinstance(value, (list, tuple)):
+        return [_confine_value(root, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value  # a number or a flag names no file (`drop_path` is a rate)

@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from service.config import Settings
 from service.main import create_app
 from service.zoo.lenet import LeNet
 from tests.conftest import ClientFactory, wait_settled, write_lenet
+from tests.helpers.checkpoints import shared_tensor_zip
 
 
 class Evil:
@@ -268,3 +270,91 @@ def test_upload_over_the_limit_is_413(tmp_path: Path, make_client: ClientFactory
     tiny = safetensors_save({"w": torch.ones(1)})
     assert len(tiny) < 1000 - 300  # room for the multipart envelope
     assert upload(small, tiny).status_code == 200
+
+
+# ---- limits checked before anything is loaded ----------------------------------------------
+
+
+@pytest.fixture
+def torch_loads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every torch.load call the server makes during the test (it still loads)."""
+    calls: list[object] = []
+    real = torch.load
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    return calls
+
+
+@pytest.mark.parametrize("fmt", ["torch_zip", "legacy", "safetensors"])
+def test_entries_over_the_limit_are_413_before_loading(
+    tmp_path: Path, make_client: ClientFactory, torch_loads: list[object], fmt: str
+) -> None:
+    small = make_client(write_lenet(tmp_path), max_checkpoint_entries=10)
+    torch_loads.clear()  # lenet's weights
+
+    def checkpoint(n: int) -> bytes:
+        sd = {f"layer{i}.weight": torch.ones(2) for i in range(n)}
+        if fmt == "safetensors":
+            return safetensors_save(sd)
+        buffer = io.BytesIO()
+        torch.save(sd, buffer, _use_new_zipfile_serialization=fmt == "torch_zip")
+        return buffer.getvalue()
+
+    response = upload(small, checkpoint(11))
+    assert response.status_code == 413, response.text
+    assert "max_checkpoint_entries" in response.json()["detail"]
+    assert torch_loads == []
+    response = upload(small, checkpoint(4))
+    assert response.status_code == 200, response.text
+    assert len(response.json()["state_dicts"][""]["entries"]) == 4
+
+
+def test_a_million_entries_are_refused_fast(client: TestClient, torch_loads: list[object]) -> None:
+    """The issue's attack: a million entries once cost a minute of CPU and 1.7 GB before any answer."""
+    data = shared_tensor_zip(1_000_000)
+    assert torch.load(io.BytesIO(shared_tensor_zip(3)), weights_only=True)["w2"].tolist() == [1.0]  # a real one
+    torch_loads.clear()
+    started = time.perf_counter()
+    response = upload(client, data)
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 413, response.text
+    assert "max_checkpoint_entries" in response.json()["detail"]
+    assert torch_loads == []
+    print(f"a million-entry checkpoint ({len(data) / 2**20:.0f} MiB) refused in {elapsed:.2f} s")
+
+
+def test_shared_values_count_each_time_they_are_reached(client: TestClient) -> None:
+    """A list holding one list twice, 40 levels down, is 80 values on disk and 2**40 once walked."""
+    nested: list[Any] = [torch.ones(1)]
+    for _ in range(40):
+        nested = [nested, nested]
+    response = upload(client, to_bytes({"history": nested}))
+    assert response.status_code == 413, response.text
+    assert "max_checkpoint_entries" in response.json()["detail"]
+
+
+def test_nesting_deeper_than_the_limit_is_413(tmp_path: Path, make_client: ClientFactory) -> None:
+    deep: dict[str, Any] = {"w": torch.ones(1)}
+    for level in range(100):
+        deep = {f"level{level}": deep}
+    for fmt_zip in (True, False):
+        buffer = io.BytesIO()
+        torch.save(deep, buffer, _use_new_zipfile_serialization=fmt_zip)
+        default = make_client(write_lenet(tmp_path))
+        response = upload(default, buffer.getvalue())
+        assert response.status_code == 413, response.text
+        assert "max_checkpoint_depth" in response.json()["detail"]
+    deeper = make_client(write_lenet(tmp_path), max_checkpoint_depth=200)
+    response = upload(deeper, to_bytes(deep))
+    assert response.status_code == 200, response.text
+
+
+def test_the_scan_has_a_deadline(tmp_path: Path, make_client: ClientFactory) -> None:
+    hasty = make_client(write_lenet(tmp_path), max_checkpoint_scan_s=1e-9)
+    response = upload(hasty, to_bytes([float(i) for i in range(5000)]))
+    assert response.status_code == 413, response.text
+    assert "max_checkpoint_scan_s" in response.json()["detail"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -346,3 +347,44 @@ def test_chelsea_fixture_is_what_we_think(tmp_path: Path) -> None:
     array = skdata.chelsea()
     assert array.shape == (300, 451, 3)
     assert array.dtype == np.uint8
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    """A 16x16 JPEG, EOI and all, whose frame header is patched to claim `width`x`height` (about 630 bytes)."""
+    data = bytearray(encode(Image.new("RGB", (16, 16), (200, 10, 10)), "JPEG"))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def truncated_images() -> dict[str, bytes]:
+    digit = Image.open(io.BytesIO(sample_png(3))).convert("RGB").resize((256, 256))
+    jpeg, png = encode(digit, "JPEG", quality=90), sample_png(3)
+    progressive = encode(digit, "JPEG", progressive=True)
+    return {
+        "jpeg_half": jpeg[: len(jpeg) // 2],
+        "jpeg_header_6000x6000": jpeg_declaring(6000, 6000),
+        "progressive_jpeg_half": progressive[: len(progressive) // 2],
+        "png_half": png[: len(png) // 2],
+    }
+
+
+@pytest.mark.parametrize("name", list(truncated_images()))
+def test_truncated_images_are_400(builtin_client: TestClient, name: str) -> None:
+    data = truncated_images()[name]
+    response = builtin_client.post("/predict", json={"model": "lenet", "inputs": [{"image": b64(data)}]})
+    assert response.status_code == 400, response.text
+    assert "could not be decoded (truncated or corrupt)" in response.json()["detail"]
+    files = {"image": ("x.jpg", data)}
+    response = builtin_client.post("/predict", data={"model": "lenet"}, files=files)
+    assert response.status_code == 400, response.text
+
+
+@pytest.mark.parametrize(
+    "options", [{"quality": q} for q in (1, 50, 95, 100)] + [{"progressive": True}, {"optimize": True}]
+)
+def test_whole_jpegs_still_predict(builtin_client: TestClient, options: dict[str, Any]) -> None:
+    for image in (Image.open(io.BytesIO(sample_png(5))).convert("L"), Image.new("RGB", (640, 480))):
+        data = encode(image, "JPEG", **options)
+        (prediction,) = predict(builtin_client, {"model": "lenet", "inputs": [{"image": b64(data)}]})
+        assert prediction["top_k"]

@@ -205,3 +205,15 @@ class Reentrant(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.nest(x * self.scale)  # type: ignore[no-any-return]
+
+
+class FromFile(nn.Module):
+    """Adds the number written in the text file `offset_file` (a path kwarg, as timm's `checkpoint_path`)."""
+
+    def __init__(self, offset_file: str, options: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.offset = nn.Parameter(torch.tensor(float(Path(offset_file).read_text())))
+        self.options = options or {}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.offset

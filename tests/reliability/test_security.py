@@ -25,6 +25,7 @@ import service
 from service.config import Settings
 from service.main import create_app
 from tests.conftest import ClientFactory, b64, sample_png, wait_settled, write_lenet
+from tests.helpers.config import toy_entry
 from tests.reliability.live_server import slow_input, write_slow
 
 ADMIN = "correct-horse-battery-staple"
@@ -208,6 +209,75 @@ def test_config_paths_outside_the_model_dir_fail_the_model(
     assert "outside the model dir" in info["error"]
     assert infos["slow"]["status"] == "ready"
     assert not (outside / "ran").exists()
+
+
+def _from_file(name: str, source: str = "python", **kwargs: Any) -> dict[str, Any]:
+    """A model whose builder reads the file its kwargs name (`tests.helpers.models:FromFile`, or timm's)."""
+    architecture = "tests.helpers.models:FromFile" if source == "python" else "resnet18"
+    return {"name": name, "source": source, "architecture": architecture, "input_size": [4], "kwargs": kwargs}
+
+
+def test_path_kwargs_outside_the_model_dir_are_403(make_client: ClientFactory, tmp_path: Path, outside: Path) -> None:
+    """timm's checkpoint_path and the like name files: they stay under the model dir, as weights do."""
+    (outside / "offset.txt").write_text("7")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "offset.txt").write_text("5")
+    client = make_client(write_slow(tmp_path), admin_token=ADMIN)
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    escapes = (str(outside / "offset.txt"), f"../{outside.name}/offset.txt", f"sub/../../{outside.name}/offset.txt")
+    specs = [_from_file("escape", offset_file=path) for path in escapes]
+    specs += [_from_file("escape", offset_file="sub/offset.txt", options={"file": path}) for path in escapes]
+    specs += [_from_file("escape", "timm", checkpoint_path=str(outside / "weights.pt"))]
+    specs += [_from_file("escape", "timm", pretrained_cfg_overlay={"file": f"../{outside.name}/weights.pt"})]
+    for spec in specs:
+        r = client.post("/models", json=spec, headers=headers)
+        assert r.status_code == 403, (spec, r.text)
+        assert "absolute paths are refused" in _message(r) or "outside the model dir" in _message(r), r.text
+        assert "kwargs." in _message(r)
+        assert str(outside) not in r.text
+        config = {"parameters": {"config": json.dumps(spec)}}
+        r = client.post("/v2/repository/models/escape/load", json=config, headers=headers)
+        assert r.status_code == 403, (spec, r.text)
+    assert "escape" not in {m["name"] for m in client.get("/models").json()["models"]}
+
+    # No oracle: the answer is the same whether the outside file is there or not.
+    for path in escapes:
+        there = client.post("/models", json=_from_file("escape", offset_file=path), headers=headers)
+        (outside / "offset.txt").unlink()
+        gone = client.post("/models", json=_from_file("escape", offset_file=path), headers=headers)
+        (outside / "offset.txt").write_text("7")
+        assert (there.status_code, there.json()) == (gone.status_code, gone.json())
+
+    r = client.post("/models", json=_from_file("inside", offset_file="sub/offset.txt"), headers=headers)
+    assert r.status_code == 202, r.text
+    wait_settled(client)
+    assert client.get("/models/inside").json()["status"] == "ready"
+    answer = client.post(
+        "/predict",
+        json={"model": "inside", "inputs": [{"tensor": {"shape": [4], "data": [0, 1, 2, 3]}}], "include_logits": True},
+    )
+    assert answer.json()["predictions"][0]["logits"] == [5.0, 6.0, 7.0, 8.0]
+
+
+def test_path_kwargs_in_the_config_fail_the_model(make_client: ClientFactory, tmp_path: Path, outside: Path) -> None:
+    (outside / "offset.txt").write_text("7")
+    (tmp_path / "offset.txt").write_text("5")
+    cases = {
+        "k_abs": {"offset_file": str(outside / "offset.txt")},
+        "k_dotdot": {"offset_file": f"../{outside.name}/offset.txt"},
+        "k_nested": {"offset_file": "offset.txt", "options": {"cache_dir": f"../{outside.name}"}},
+        "k_inside": {"offset_file": "offset.txt"},
+    }
+    config = "".join(toy_entry(name, "FromFile", kwargs=kwargs) for name, kwargs in cases.items())
+    client = make_client(config)
+    infos = {m["name"]: m for m in client.get("/models").json()["models"]}
+    assert infos["k_inside"]["status"] == "ready", infos["k_inside"]
+    for name in ("k_abs", "k_dotdot", "k_nested"):
+        info = infos[name]
+        assert info["status"] == "failed", (name, info)
+        assert "outside the model dir" in info["error"] or "absolute paths are refused" in info["error"], info
+        assert "kwargs." in info["error"]
+        assert str(outside) not in info["error"]
 
 
 # ---- pickles -----------------------------------------------------------------------------

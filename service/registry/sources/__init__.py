@@ -16,7 +16,8 @@ from pathlib import Path
 
 from torch import nn
 
-from service.errors import ModelLoadError
+from service.errors import Forbidden, ModelLoadError
+from service.registry.paths import confine_kwargs
 from service.specs.model import ModelSpec, Source
 
 DEFAULT_WEIGHTS = "DEFAULT"
@@ -44,7 +45,10 @@ def registered_sources() -> dict[Source, Builder]:
 
 
 def build_module(spec: ModelSpec, model_dir: Path, allow_downloads: bool) -> nn.Module:
-    """Instantiate the architecture; pretrained weights only for "DEFAULT" with downloads on."""
+    """Instantiate the architecture; pretrained weights only for "DEFAULT" with downloads on.
+
+    Every path-like kwarg is resolved under the model dir first (`confine_kwargs`).
+    """
     pretrained = spec.weights == DEFAULT_WEIGHTS
     if pretrained and not allow_downloads:
         raise ModelLoadError(
@@ -54,7 +58,11 @@ def build_module(spec: ModelSpec, model_dir: Path, allow_downloads: bool) -> nn.
     builder = _BUILDERS.get(spec.source)
     if builder is None:
         raise ModelLoadError(f"no builder is registered for source {spec.source.value!r}")
-    return builder(spec, model_dir, pretrained)
+    try:  # timm's checkpoint_path and the like: files, so under the model dir like weights
+        kwargs = confine_kwargs(model_dir, spec.kwargs)
+    except Forbidden as exc:
+        raise ModelLoadError(str(exc.detail)) from None
+    return builder(spec.model_copy(update={"kwargs": kwargs}), model_dir, pretrained)
 
 
 def closest(name: str, known: list[str]) -> list[str]:

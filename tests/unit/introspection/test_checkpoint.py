@@ -17,6 +17,7 @@ from torch import nn
 
 from service.errors import BadInput, InvalidField
 from service.introspection.checkpoint import REFUSED, inspect_checkpoint
+from service.introspection.checkpoint_scan import CheckpointLimits
 from service.introspection.optimizer import optimizer_metadata
 from service.introspection.state_dict import checkpoint_state_dict_entries
 
@@ -251,7 +252,7 @@ def test_long_lists_are_summarised(tmp_path: Path) -> None:
         "deep": deep,
     }
     torch.save(saved, path)
-    got = inspect_checkpoint(path)
+    got = inspect_checkpoint(path, limits=CheckpointLimits(depth=256))  # the walk stops at 64 on its own
     assert got["other"]["losses"] == {"length": 5000, "first": [float(i) for i in range(16)]}
     assert got["other"]["bad"] == ["nan", "-inf"]
     assert got["other"]["deep.1"] == 1.0
