@@ -18,9 +18,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m service
 
-test: $(STAMP)  ## the whole suite; pytest's exit 5 (no tests collected) is a failure
-	$(PY) -m pytest -q -p no:cacheprovider; status=$$?; \
-	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+REPORT := tests/artifacts/junit.xml
+
+# The whole suite. pytest's exit 5 (no tests collected) is a failure, and so is a run that ends
+# without its report: a test that exits the interpreter (os._exit, a signal) would otherwise pass.
+test: $(STAMP)
+	rm -f $(REPORT); $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(REPORT); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; \
+	if [ ! -s $(REPORT) ]; then echo "pytest ended without writing $(REPORT): did a test exit it?" >&2; exit 1; fi; \
+	exit $$status
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
