@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 import service.__main__ as entry
+from tests.conftest import write_lenet
 from tests.helpers.config import toy_entry
 from tests.helpers.models import HOLD, WIDTH
 from tests.helpers.waiting import PATIENCE_S, wait_until
@@ -52,6 +54,7 @@ def _refuses_connections(server: LiveServer, within: float) -> bool:
     return False
 
 
+LENET_ZEROS = base64.b64encode(bytes(3 * 32 * 32 * 4)).decode()
 HELD_BODY = {"model": "held", "inputs": [{"tensor": {"shape": [WIDTH], "dtype": "float32", "data": [HOLD, 0, 0, 0]}}]}
 
 
@@ -151,6 +154,7 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
 STRAGGLER_CHILD = """
 import sys, threading, time
 import service.__main__ as entry
+from tests.conftest import write_lenet
 
 if sys.argv[1] == "straggler":
     threading.Thread(target=time.sleep, args=(600,), name="hookserve-m-0", daemon=True).start()
@@ -172,3 +176,42 @@ def test_exit_past_stragglers_exits_at_once_only_while_model_threads_run(threads
     )
     assert child.returncode == 0, child.stderr
     assert ("returned" in child.stdout) is returns
+
+
+def test_sigterm_under_load_answers_every_client_and_exits_0(tmp_path: Path) -> None:
+    """Eight clients keep predicting while a held job runs past the grace period: every answer the clients get
+    is a 200 or a JSON 503 (never a 500 or a plain-text error), the held one is a 503, and the process exits 0.
+    (`pytest -k under_load` repeated 20 times: see the issue's closing note.)"""
+    gate = tmp_path / "gate"
+    config = write_lenet(tmp_path) + toy_entry("held", "FileGated", kwargs={"gate": str(gate)})
+    server = LiveServer(tmp_path, config, env={"HOOKSERVE_SHUTDOWN_GRACE_S": "1.0"})
+    statuses: list[tuple[int, str]] = []
+    stop = threading.Event()
+    predict = {"model": "lenet", "inputs": [{"tensor": {"shape": [3, 32, 32], "dtype": "float32", "b64": LENET_ZEROS}}]}
+
+    def client() -> None:
+        with httpx.Client(timeout=PATIENCE_S) as http:
+            while not stop.is_set():
+                try:
+                    response = http.post(f"{server.base_url}/predict", json=predict)
+                except httpx.TransportError:  # refused once the server stopped accepting
+                    time.sleep(0.01)
+                    continue
+                statuses.append((response.status_code, response.headers.get("content-type", "")))
+
+    with server:
+        clients = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+        for thread in clients:
+            thread.start()
+        held, result = _post_in_background(f"{server.base_url}/activations", HELD_BODY | {"layers": ["body"]})
+        wait_until(Path(f"{gate}.entered").exists, "the held request to reach the model")
+        wait_until(lambda: len(statuses) >= 20, "the clients' first answers")
+        server.signal(signal.SIGTERM)
+        code = server.wait(timeout=PATIENCE_S)
+        stop.set()
+        for thread in [*clients, held]:
+            thread.join(PATIENCE_S)
+        assert code == 0, server.log()
+    assert result["response"].status_code == 503
+    assert {status for status, _ in statuses} <= {200, 503}, statuses
+    assert all(kind == "application/json" for _, kind in statuses)
