@@ -121,4 +121,14 @@ class Settings(BaseSettings):
         20.0, gt=0, description="Seconds the checks before loading a checkpoint may take: 413 after them."
     )
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: float = Field(
+        30.0,
+        description="On SIGTERM: in-flight work may finish within this; then, at exit, each model still "
+        "loading gets as long again (a load torn down inside torch aborts the process).",
+    )
+    load_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds a model may take to load; past them it is failed and its load abandoned "
+        "(its thread, which cannot be stopped, runs on, but what it builds is never served).",
+    )

@@ -42,7 +42,13 @@ class FleetCollector(Collector):
         depth = GaugeMetricFamily(
             "hookserve_queue_depth", "Jobs waiting in the model's executor queue.", labels=["model"]
         )
+        abandoned = GaugeMetricFamily(
+            "hookserve_abandoned_loads",
+            "Model loads given up (past load_timeout_s, or their model removed) whose thread still runs: "
+            "a Python thread cannot be stopped, and what it builds is discarded.",
+        )
         registry = self._source()
+        abandoned.add_metric([], float(registry.abandoned_loads) if registry is not None else 0.0)
         for entry in registry.entries() if registry is not None else []:
             name = entry.spec.name
             for status in Status:
@@ -51,7 +57,7 @@ class FleetCollector(Collector):
                 load.add_metric([name], entry.load_seconds)
             if entry.executor is not None:
                 depth.add_metric([name], float(entry.executor.queue_depth))
-        yield from (state, load, depth)
+        yield from (state, load, depth, abandoned)
         yield from device_memory_families()
 
 

@@ -2,6 +2,8 @@
 
 The registry package is the catalogue (specs, sources, weights, `load_model`); the fleet
 runs what it loads. A removed model's spec is remembered, so /v2's repository can load it back.
+Each load runs on its own thread (`service.runtime.loads`): one past `load_timeout_s`, or whose
+model is removed, is abandoned at once, and whatever it builds later is never installed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -20,7 +21,8 @@ from service.errors import Conflict, ModelLoadError, NotFound
 from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
 from service.runtime.executor import ExecutorConfig, JobObserver, ModelExecutor, release_device_memory
-from service.runtime.threads import ThreadBudget, pin_torch_threads
+from service.runtime.loads import Load, Loads
+from service.runtime.threads import ThreadBudget
 from service.specs.model import ModelSpec
 
 log = logging.getLogger("hookserve.registry")
@@ -62,10 +64,11 @@ class Entry:
     load_seconds: float | None = None
     root: Path | None = None  # model dir for this entry's paths; None = the server's
     task: asyncio.Future[None] | None = field(default=None, repr=False)
+    load: Load[LoadedModel] | None = field(default=None, repr=False)  # while loading
 
 
 class Fleet:
-    """Name -> Entry. Loading happens on a small thread pool so the event loop keeps serving."""
+    """Name -> Entry. Each load runs on its own thread so the event loop, and every other load, keeps going."""
 
     def __init__(
         self,
@@ -75,13 +78,16 @@ class Fleet:
     ) -> None:
         self.settings = settings
         self._entries: dict[str, Entry] = {}
-        self._loader = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="hookserve-loader", initializer=pin_torch_threads, initargs=(1,)
-        )
+        self._loads = Loads(exit_wait_s=settings.shutdown_grace_s)  # a load must not be torn down mid-torch
         self._on_job = on_job
         self._on_remove = on_remove
         self.retired: dict[str, Retired] = {}  # removed models, so a repository load can bring them back
         self.budget = ThreadBudget(settings.cpu_threads, settings.torch_threads)
+
+    @property
+    def abandoned_loads(self) -> int:
+        """Loads given up (timed out, or their model removed) whose thread is still running."""
+        return self._loads.abandoned_running
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
@@ -111,24 +117,34 @@ class Fleet:
         entry = Entry(spec, root=root)
         self._entries[spec.name] = entry
         self.retired.pop(spec.name, None)
-        loop = asyncio.get_running_loop()
-        entry.task = asyncio.ensure_future(self._load(entry, loop))
+        s = self.settings
+        where = root or s.model_dir
+        entry.load = self._loads.start(spec.name, lambda: load_model(spec, where, s.device, s.allow_downloads))
+        entry.task = asyncio.ensure_future(self._install(entry, entry.load, time.perf_counter()))
         return entry
 
-    async def _load(self, entry: Entry, loop: asyncio.AbstractEventLoop) -> None:
-        started = time.perf_counter()
-        s = self.settings
+    async def _install(self, entry: Entry, load: Load[LoadedModel], started: float) -> None:
+        """Wait for the load (at most `load_timeout_s`), then serve its model unless the entry was removed."""
+        s, spec = self.settings, entry.spec
         try:
-            model = await loop.run_in_executor(
-                self._loader, load_model, entry.spec, entry.root or s.model_dir, s.device, s.allow_downloads
+            model = await asyncio.wait_for(asyncio.shield(load.future), s.load_timeout_s)
+        except TimeoutError:
+            load.abandon(
+                f"did not load within load_timeout_s = {s.load_timeout_s:g} s (HOOKSERVE_LOAD_TIMEOUT_S); "
+                "the load was abandoned"
             )
-        except ModelLoadError as exc:
-            entry.status, entry.error = Status.failed, str(exc)
-            log.warning("model %s failed to load: %s", entry.spec.name, exc)
+            model = None
+        except ModelLoadError:  # it failed, or the entry was removed: the load's future says which
+            model = None
+        finally:
+            entry.load = None
+        if self._entries.get(spec.name) is not entry:  # removed while it loaded: its load was abandoned
             return
-        if self._entries.get(entry.spec.name) is not entry:  # removed while loading
+        if model is None:
+            error = load.future.exception()
+            entry.status, entry.error = Status.failed, str(error)
+            log.warning("model %s failed to load: %s", spec.name, error)
             return
-        spec = entry.spec
         config = ExecutorConfig(
             threads=s.worker_threads,
             max_batch_size=spec.max_batch_size or s.max_batch_size,
@@ -152,8 +168,8 @@ class Fleet:
         self.retired[name] = Retired(entry.spec, entry.root)
         if self._on_remove is not None:
             self._on_remove(name)
-        if entry.task is not None and not entry.task.done():
-            await asyncio.gather(entry.task, return_exceptions=True)
+        if entry.load is not None:  # answers at once: the load's thread may never return
+            entry.load.abandon(f"model {name!r} was removed while it was loading")
         executor, model = entry.executor, entry.model
         entry.executor = entry.model = None
         if executor is not None:
@@ -171,5 +187,4 @@ class Fleet:
             await self.remove(name, release=False)
         for device in devices:
             await asyncio.get_running_loop().run_in_executor(None, release_device_memory, device)
-        self._loader.shutdown(wait=False, cancel_futures=True)
         self.budget.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -15,3 +16,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = PATIEN
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {timeout:g} s: {what}")
         time.sleep(0.005)
+
+
+async def wait_until_async(condition: Callable[[], bool], what: str, timeout: float = PATIENCE_S) -> None:
+    """`wait_until` on an event loop: polls without blocking it (for what the loop itself must deliver)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.005)
