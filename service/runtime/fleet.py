@@ -26,6 +26,7 @@ from service.runtime.threads import ThreadBudget
 from service.specs.model import ModelSpec
 
 log = logging.getLogger("hookserve.registry")
+CLOSE_WITHIN_S = 2.0  # how long closing the fleet lets each model's jobs finish (all models at once)
 
 
 class Status(StrEnum):
@@ -158,8 +159,9 @@ class Fleet:
         entry.status = Status.ready
         log.info("model %s ready on %s in %.2fs", spec.name, model.device, entry.load_seconds)
 
-    async def remove(self, name: str, *, release: bool = True) -> Entry:
-        """Unregister, finish its queued jobs and release its memory before returning.
+    async def remove(self, name: str, *, release: bool = True, finish_within: float | None = None) -> Entry:
+        """Unregister, finish its queued jobs (within `finish_within` s, default `shutdown_grace_s`) and release
+        its memory before returning.
 
         `release=False` skips the (slow, full) garbage collection: `close` runs one for all models.
         """
@@ -173,7 +175,8 @@ class Fleet:
         executor, model = entry.executor, entry.model
         entry.executor = entry.model = None
         if executor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, executor.stop, self.settings.shutdown_grace_s)
+            within = self.settings.shutdown_grace_s if finish_within is None else finish_within
+            await asyncio.get_running_loop().run_in_executor(None, executor.stop, within)
         if model is not None:
             device = model.device
             del model
@@ -181,10 +184,13 @@ class Fleet:
                 await asyncio.get_running_loop().run_in_executor(None, release_device_memory, device)
         return entry
 
-    async def close(self) -> None:
+    async def close(self, within: float = CLOSE_WITHIN_S) -> None:
+        """Remove every model at once, each executor given `within` seconds to finish its jobs.
+
+        By the time the server closes the fleet it has waited out `shutdown_grace_s` for requests,
+        so a job still running was cut: waiting a grace period per model again would only delay exit."""
         devices = {e.model.device for e in self._entries.values() if e.model is not None}
-        for name in list(self._entries):
-            await self.remove(name, release=False)
+        await asyncio.gather(*(self.remove(name, release=False, finish_within=within) for name in list(self._entries)))
         for device in devices:
             await asyncio.get_running_loop().run_in_executor(None, release_device_memory, device)
         self.budget.close()

@@ -4,12 +4,15 @@ closing the fleet never wait for a hung load."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from service.config import Settings
 from service.runtime.fleet import Fleet, Status
 from service.specs.model import ModelSpec
 from tests.helpers.hanging import Gates, hanging_spec, write_hanging
+from tests.helpers.held import hold_rows
+from tests.helpers.models import WIDTH, new_gate
 from tests.helpers.waiting import wait_until_async
 
 PROMPT_S = 5.0  # "at once" on a busy machine, against loads that would hang for minutes
@@ -47,3 +50,40 @@ def test_the_fleet_removes_and_closes_without_waiting_for_a_hung_load(tmp_path: 
 
     with Gates(tmp_path) as gates:
         asyncio.run(scenario(gates))
+
+
+def test_closing_the_fleet_stops_every_model_at_once_within_its_bound(tmp_path: Path) -> None:
+    """Two models each with a forward held at its gate: close() returns after about `within` seconds, not after
+    the shutdown grace period per model (30 s each here), while both forwards are still held."""
+    keys_and_gates = [new_gate() for _ in range(2)]
+
+    async def scenario() -> float:
+        fleet = Fleet(Settings(model_dir=tmp_path, worker_threads=1, torch_threads=1, shutdown_grace_s=30.0))
+        for i, (key, _) in enumerate(keys_and_gates):
+            spec = {
+                "name": f"held{i}",
+                "source": "python",
+                "architecture": "tests.helpers.models:Gated",
+                "input_size": [WIDTH],
+                "kwargs": {"gate": key},
+            }
+            fleet.add(ModelSpec.model_validate(spec))
+        names = [f"held{i}" for i in range(2)]
+        await wait_until_async(lambda: all(fleet.entry(n).status is Status.ready for n in names), "the models to load")
+        held = [asyncio.ensure_future(fleet.ready(f"held{i}").executor.predict(hold_rows())) for i in range(2)]
+        for _, gate in keys_and_gates:
+            await wait_until_async(gate.entered.is_set, "the held forward to start")
+        began = time.monotonic()
+        await fleet.close()  # CLOSE_WITHIN_S, for both models together
+        took = time.monotonic() - began
+        assert not any(gate.opened.is_set() for _, gate in keys_and_gates)
+        for task in held:
+            task.cancel()
+        return took
+
+    try:
+        took = asyncio.run(scenario())
+    finally:
+        for _, gate in keys_and_gates:
+            gate.opened.set()
+    assert took < PROMPT_S, f"close took {took:.1f} s"
