@@ -15,6 +15,7 @@ import psutil
 import torch
 
 from tests.helpers.waiting import PATIENCE_S
+from tests.helpers.wide import WIDE_PY
 from tests.reliability.live_server import LiveServer
 
 MIB = 1024 * 1024
@@ -22,22 +23,6 @@ SIDE = 384  # 64 channels of 384x384 float32: 36 MiB per layer side per input
 INPUTS = 6
 SETTLED_WITHIN = 64 * MIB  # RSS after the large requests, over the baseline taken after a small one
 # (measured: +645 MiB when threads kept their last batch, +93 MiB without the allocator trim, +2 MiB with both)
-
-WIDE_PY = """
-import torch
-from torch import nn
-
-class Wide(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 64, 3, padding=1)
-        self.relu = nn.ReLU()
-        self.fc = nn.Linear(64, 4)
-
-    def forward(self, x):
-        return self.fc(self.relu(self.conv(x)).mean((2, 3)))
-"""
 
 CONFIG = f"""
 [[models]]

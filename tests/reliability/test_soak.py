@@ -29,6 +29,7 @@ import torch
 
 from service.zoo.lenet import load_lenet
 from tests.conftest import write_lenet
+from tests.helpers.wide import WIDE_PY
 from tests.reliability.live_server import LiveServer
 
 CLIENTS = 16
@@ -39,24 +40,6 @@ RSS_GROWTH_BOUND = 150 * 1024 * 1024
 MEMORY_BUDGET = 256 * 1024 * 1024  # what requests in flight may hold together (HOOKSERVE_MEMORY_BUDGET_BYTES)
 PEAK_SLACK = 512 * 1024 * 1024  # the server's own peak beyond the budget: models, threads, allocator slack
 ATOL = 1e-4
-
-WIDE_PY = """
-import torch
-from torch import nn
-
-class Wide(nn.Module):
-    \"\"\"A 64-channel convolution over 192x192 inputs: each request's captures are tens of MB.\"\"\"
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 64, 3, padding=1)
-        self.relu = nn.ReLU()
-        self.fc = nn.Linear(64, 4)
-
-    def forward(self, x):
-        return self.fc(self.relu(self.conv(x)).mean((2, 3)))
-"""
 
 WIDE_TOML = """
 [[models]]
