@@ -21,9 +21,11 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from service.api.observability import configure_logging
 from service.api.shutdown import ShutdownNotice
+from service.config import Settings
 from service.config_check import settings_or_exit
 from service.main import create_app
 
@@ -70,13 +72,16 @@ class GracefulServer(uvicorn.Server):
             )
 
 
-def exit_past_stragglers(code: int = 0) -> None:
-    """Leave at once if model threads are still running (a job cut at the grace period, still inside torch).
+def exit_past_stragglers(existing: set[threading.Thread], code: int = 0) -> None:
+    """Leave at once if model threads started after `existing` still run (a job cut at the grace period, still
+    inside torch, or a load that never returned).
 
     At interpreter exit such threads can crash the process mid-forward (SIGSEGV); their requests
     were answered already, so nothing is lost by not waiting for them."""
     stragglers = [
-        t.name for t in threading.enumerate() if t.daemon and t.is_alive() and t.name.startswith("hookserve-")
+        t.name
+        for t in threading.enumerate()
+        if t not in existing and t.daemon and t.is_alive() and t.name.startswith("hookserve-")
     ]
     if not stragglers:
         return
@@ -87,12 +92,8 @@ def exit_past_stragglers(code: int = 0) -> None:
     os._exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
-    configure_logging(settings.log_level)
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    app = create_app(settings)
-    config = uvicorn.Config(
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -102,13 +103,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         workers=1,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) + CUT_MARGIN_S,
     )
-    server = GracefulServer(config, app.state.shutdown_notice, settings.shutdown_grace_s)
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    """Serve `app` until SIGTERM or SIGINT, then leave without waiting for model threads it started."""
+    server = GracefulServer(uvicorn_config(app, settings), app.state.shutdown_notice, settings.shutdown_grace_s)
+    existing = set(threading.enumerate())
     try:
         server.run()
     except SystemExit as exc:
-        exit_past_stragglers(exc.code if isinstance(exc.code, int) else 1)
+        exit_past_stragglers(existing, exc.code if isinstance(exc.code, int) else 1)
         raise
-    exit_past_stragglers()
+    exit_past_stragglers(existing)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
+    configure_logging(settings.log_level)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import uvicorn
 
 import service.__main__ as server_main
 from service.cli.main import run
@@ -34,16 +35,18 @@ def test_serve_passes_its_flags_to_python_m_service(
 
 
 def test_serve_reaches_uvicorn_with_the_merged_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """Not stubbed: the real `python -m service` main, up to uvicorn.run."""
+    """Not stubbed: the real `python -m service` main, up to the server's start."""
     monkeypatch.setenv("HOOKSERVE_HOST", "127.0.0.2")
     monkeypatch.delenv("HOOKSERVE_CONFIG", raising=False)
-    seen: list[dict[str, Any]] = []
-    monkeypatch.setattr("service.__main__.uvicorn.run", lambda app, **kwargs: seen.append(kwargs))
+    seen: list[uvicorn.Config] = []
+    monkeypatch.setattr(
+        server_main, "serve", lambda app, settings: seen.append(server_main.uvicorn_config(app, settings))
+    )
     monkeypatch.setattr("service.__main__.configure_logging", lambda level: None)
     monkeypatch.setattr("service.__main__.signal.signal", lambda *args: None)
     assert run(["serve", "--port", "9002", "--model-dir", str(tmp_path), "--device", "cpu"]) == 0
-    ((kwargs),) = seen
-    assert (kwargs["host"], kwargs["port"], kwargs["workers"]) == ("127.0.0.2", 9002, 1)
+    (config,) = seen
+    assert (config.host, config.port, config.workers) == ("127.0.0.2", 9002, 1)
 
 
 def test_help_is_not_serving(served: list[list[str]], capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,8 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 import service.__main__ as entry
+from service.api.shutdown import ShutdownNotice
+from service.config import Settings
 from tests.conftest import write_lenet
 from tests.helpers.config import toy_entry
 from tests.helpers.models import HOLD, WIDTH
@@ -124,16 +127,12 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
     SIGTERM to 0."""
     seen: dict[str, Any] = {}
 
-    def fake_run(server: entry.GracefulServer, sockets: object = None) -> None:
-        seen.update(
-            timeout=server.config.timeout_graceful_shutdown,
-            grace=server.grace_s,
-            handler=signal.getsignal(signal.SIGTERM),
-        )
+    def fake_serve(app: FastAPI, settings: Settings) -> None:
+        seen.update(config=entry.uvicorn_config(app, settings), settings=settings)
+        seen.update(handler=signal.getsignal(signal.SIGTERM), notice=app.state.shutdown_notice)
 
     previous = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(entry.GracefulServer, "run", fake_run)
-    monkeypatch.setattr(entry, "exit_past_stragglers", lambda code=0: None)  # never os._exit pytest itself
+    monkeypatch.setattr(entry, "serve", fake_serve)
     monkeypatch.setattr(entry, "configure_logging", lambda level: None)
     monkeypatch.setenv("HOOKSERVE_SHUTDOWN_GRACE_S", "2.5")
     (tmp_path / "models.toml").write_text("")  # no models; start-up refuses a config file that is not there
@@ -141,8 +140,9 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
     try:
         entry.main([])
         handler = seen["handler"]
-        assert seen["grace"] == 2.5  # the notice cuts what still runs at 2.5 s; uvicorn's own cancel is a backstop
-        assert seen["timeout"] == 3 + entry.CUT_MARGIN_S
+        assert seen["settings"].shutdown_grace_s == 2.5  # the notice cuts what still runs then
+        assert seen["config"].timeout_graceful_shutdown == 3 + entry.CUT_MARGIN_S  # uvicorn's cancel: a backstop
+        assert isinstance(seen["notice"], ShutdownNotice)
         assert callable(handler)
         with pytest.raises(SystemExit) as exited:
             handler(signal.SIGTERM, None)
@@ -154,19 +154,27 @@ def test_entry_point_passes_the_grace_period_and_exits_0_on_sigterm(
 STRAGGLER_CHILD = """
 import sys, threading, time
 import service.__main__ as entry
-from tests.conftest import write_lenet
+from service.api.shutdown import ShutdownNotice
+from service.config import Settings
 
-if sys.argv[1] == "straggler":
+def straggler():
     threading.Thread(target=time.sleep, args=(600,), name="hookserve-m-0", daemon=True).start()
-entry.exit_past_stragglers(0)
+
+if sys.argv[1] == "straggler-before":
+    straggler()
+existing = set(threading.enumerate())
+if sys.argv[1] == "straggler":
+    straggler()
+entry.exit_past_stragglers(existing, 0)
 print("returned", flush=True)
 """
 
 
-@pytest.mark.parametrize(("threads", "returns"), [("straggler", False), ("none", True)])
+@pytest.mark.parametrize(("threads", "returns"), [("straggler", False), ("straggler-before", True), ("none", True)])
 def test_exit_past_stragglers_exits_at_once_only_while_model_threads_run(threads: str, returns: bool) -> None:
-    """A model thread still running (a job cut at the grace period) makes the process leave at once with code 0,
-    instead of exiting the interpreter around a thread inside torch; with none it returns (normal exit)."""
+    """A model thread the server started still running (a job cut at the grace period) makes the process leave at
+    once with code 0, instead of exiting the interpreter around a thread inside torch; with none, or only threads
+    that were there before the server started (another app's in a test process), it returns (normal exit)."""
     child = subprocess.run(
         [sys.executable, "-c", STRAGGLER_CHILD, threads],
         check=False,

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
+from fastapi import FastAPI
 
 import service.__main__ as cli
 from service.config import Settings
@@ -121,14 +123,15 @@ def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("HOOKSERVE_PORT", "9000")
     monkeypatch.setenv("HOOKSERVE_HOST", "0.0.0.0")
     monkeypatch.setenv("HOOKSERVE_MODEL_DIR", str(tmp_path / "from-env"))
-    calls: list[tuple[Any, dict[str, Any]]] = []
-    monkeypatch.setattr("service.__main__.uvicorn.run", lambda app, **kwargs: calls.append((app, kwargs)))
+    calls: list[uvicorn.Config] = []
+    monkeypatch.setattr(cli, "serve", lambda app, settings: calls.append(cli.uvicorn_config(app, settings)))
     cli.main(["--port", "9001", "--model-dir", str(tmp_path)])
-    ((app, kwargs),) = calls
-    assert kwargs["port"] == 9001  # the flag
-    assert kwargs["host"] == "0.0.0.0"  # no flag: the environment
-    assert kwargs["workers"] == 1
-    assert app.title == "hookserve"
+    (config,) = calls
+    assert config.port == 9001  # the flag
+    assert config.host == "0.0.0.0"  # no flag: the environment
+    assert config.workers == 1
+    assert isinstance(config.app, FastAPI)
+    assert config.app.title == "hookserve"
 
 
 def test_main_builds_the_app_from_merged_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -140,7 +143,7 @@ def test_main_builds_the_app_from_merged_settings(monkeypatch: pytest.MonkeyPatc
         return create_app(settings)
 
     monkeypatch.setattr("service.__main__.create_app", spy)
-    monkeypatch.setattr("service.__main__.uvicorn.run", lambda app, **kwargs: None)
+    monkeypatch.setattr(cli, "serve", lambda app, settings: None)
     cli.main(["--device", "cpu", "--model-dir", str(tmp_path)])
     (settings,) = seen
     assert settings.device == "cpu"
