@@ -373,7 +373,11 @@ def write_report(names: Sequence[str], meta: Mapping[str, Any], path: Path) -> i
         status = status_of(code)
         outcomes.append(Outcome(Mutant(name), status, seconds, show(name) if is_survivor(status) else ""))
     path.write_text(render(outcomes, load_verdicts(), meta))
-    print(f"survival rate {100 * survival_rate(outcomes):.1f} % over {len(outcomes)} sampled mutants; report: {path}")
+    checked = sum(o.status not in ("not run", "other") for o in outcomes)
+    if names and not checked:  # mutmut's own test run failed (see mutants/run.log): a 0 % rate would be a lie
+        print(f"no mutant was checked of {len(names)} sampled; see {MUTANTS / 'run.log'}", file=sys.stderr)
+        return 1
+    print(f"survival rate {100 * survival_rate(outcomes):.1f} % over {checked} checked mutants; report: {path}")
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from mutation.run import (
@@ -129,3 +132,14 @@ def test_the_report_lists_every_survivor_and_says_which_are_unjudged() -> None:
     judged = render([killed, survivor], [Verdict("gap", "a test to write", after="sorted(")], meta | {"wall_s": 1.0})
     assert "**not yet judged: 0**" in judged
     assert "**known gap**: a test to write" in judged
+
+
+def test_every_test_path_mutmut_runs_exists() -> None:
+    """A path missing from the selection makes mutmut's first test run fail, and then no mutant is checked
+    (tests/unit/runtime had moved: `make mutate` checked nothing)."""
+    root = Path(__file__).resolve().parents[2]
+    selection = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"][
+        "pytest_add_cli_args_test_selection"
+    ]
+    assert selection
+    assert [path for path in selection if not (root / path).exists()] == []
