@@ -2,7 +2,7 @@
 with large legal introspection requests (every layer of a wide convolution, both sides) among them.
 
 Bounds checked: zero 5xx, no hook left registered, the server's RSS grows by less than
-RSS_GROWTH_BOUND (150 MiB) between the end of a warm-up and the end of the run (each once idle), its peak RSS
+RSS_GROWTH_BOUND (320 MiB) between the end of a warm-up and the end of the run (each once idle), its peak RSS
 stays within the memory budget of requests in flight (MEMORY_BUDGET) plus PEAK_SLACK, and
 every answer carries its own request's tensors (each request sends a distinct input whose
 logits were computed in-process beforehand; predict logits, the fc3 activation, gradient
@@ -36,7 +36,10 @@ CLIENTS = 16
 REQUESTS = 4000
 WARMUP = 800
 TIME_BUDGET_S = 90.0
-RSS_GROWTH_BOUND = 150 * 1024 * 1024
+# Allocator noise, not leaks: measured 33-204 MiB after this warm-up (126 at most on an idle machine, 204 with
+# mutation testing beside it), 143-185 MiB on the code before the allocator trim (150 failed half its runs). A
+# leak of one capture per large request (128 of them, tens of MB each) or of ~100 KB per request still fails it.
+RSS_GROWTH_BOUND = 320 * 1024 * 1024
 MEMORY_BUDGET = 256 * 1024 * 1024  # what requests in flight may hold together (HOOKSERVE_MEMORY_BUDGET_BYTES)
 # The server's own peak beyond the budget: models, threads, allocator slack. Measured 748-792 MiB above idle in
 # all (9 runs, before and after the allocator trim): 512 MiB of slack failed about one run in three.
@@ -223,7 +226,7 @@ def test_soak_mixed_requests_from_16_clients(tmp_path: Path) -> None:
     assert info["hooks"] == 0
     assert info["status"] == "ready"
     growth = rss_at_end - rss_after_warmup
-    assert growth < RSS_GROWTH_BOUND, f"server RSS grew by {growth / 2**20:.0f} MiB"
+    assert growth < RSS_GROWTH_BOUND, f"server RSS grew by {growth / 2**20:.0f} MiB (peak {peak / 2**20:.0f} MiB)"
     above = peak - rss_idle
     assert above < MEMORY_BUDGET + PEAK_SLACK, f"peak RSS {above / 2**20:.0f} MiB above idle"
     assert "Traceback" not in log
