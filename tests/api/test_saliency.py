@@ -158,8 +158,9 @@ def expected_heatmap(attribution: Tensor, method: str, size: tuple[int, int]) ->
     return minmax(attribution.abs().amax(dim=0))
 
 
-def close(actual: Tensor, expected: Tensor, what: str) -> None:
-    atol = 1e-5 * float(expected.abs().max()) + 1e-8
+def close(actual: Tensor, expected: Tensor, what: str, scale: float = 1e-5) -> None:
+    """Equal within `rtol` 1e-3, and `scale` of the map's largest value for elements near zero."""
+    atol = scale * float(expected.abs().max()) + 1e-8
     torch.testing.assert_close(actual, expected, rtol=1e-3, atol=atol, msg=what)
 
 
@@ -209,7 +210,10 @@ def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model
             assert list(attribution.shape) == ([10, 10] if model_name == "lenet" else [2, 2])
         else:
             assert list(attribution.shape) == list(x.shape[1:])
-        close(attribution, expected, f"{model_name} {method} attribution {i}")
+        # resnet18: 20 layers of float32 convolutions whose summation order follows the intra-op thread count
+        # (one under load, two alone), summed over IG's steps: near-zero elements differ by ~1e-5 of the max
+        scale = 1e-4 if model_name == "resnet18" else 1e-5
+        close(attribution, expected, f"{model_name} {method} attribution {i}", scale)
         heatmap = as_tensor(result["heatmap"])
         check_heatmap(heatmap, size)
         torch.testing.assert_close(heatmap, expected_heatmap(expected, method, size), rtol=1e-3, atol=2e-3)
