@@ -81,7 +81,7 @@ def exit_past_stragglers(existing: set[threading.Thread], code: int = 0) -> None
     stragglers = [
         t.name
         for t in threading.enumerate()
-        if t not in existing and t.daemon and t.is_alive() and t.name.startswith("hookserve-")
+        if t not in existing and t.daemon and t.name.startswith("hookserve-")  # enumerate lists live threads
     ]
     if not stragglers:
         return

@@ -42,7 +42,7 @@ class MemoryReturner:
         self._freed = 0
         self._running = False
         self._lock = threading.Lock()
-        self.trims = 0  # completed trims (tests and metrics read it)
+        self.trims = 0  # completed trims (the tests read it)
 
     def freed(self, size: int, idle: bool) -> bool:
         """A request that held `size` bytes finished; `idle`: nothing else is in flight. Whether a trim started."""
