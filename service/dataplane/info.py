@@ -47,7 +47,7 @@ def _fields(entry: Entry) -> dict[str, object]:
             "num_classes": model.num_classes,
             "labels": model.labels is not None,
             "optimizer": type(model.optimizer).__name__ if model.optimizer is not None else None,
-            "hooks": count_hooks(model.module),
+            "hooks": sum(count_hooks(m) for m in model.hookable_modules),
             "prediction_path": model.prediction_path,
         }
     return fields

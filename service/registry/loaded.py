@@ -36,6 +36,7 @@ class LoadedModel:
     prediction_path: str = "eager"  # what `fast` is: "fused", "compiled", "fused+compiled"; "eager" when None
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
+    lanes: tuple[nn.Module, ...] = field(default=(), repr=False)  # copies hooked batches run on (lanes.py)
 
     @property
     def name(self) -> str:
@@ -49,6 +50,11 @@ class LoadedModel:
         so no hook fires for a prediction and no compiled graph ever sees a hook.
         """
         return self.fast if self.fast is not None else self.module
+
+    @property
+    def hookable_modules(self) -> tuple[nn.Module, ...]:
+        """Every module object a hook may be registered on: the served module and its hook lanes."""
+        return (self.module, *self.lanes)
 
     @property
     def channels(self) -> int:

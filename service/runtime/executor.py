@@ -2,9 +2,10 @@
 
 Worker threads take batches from the model's scheduler (`scheduler.py` states the order) and
 run them with the runner of their kind: predictions on the prediction path (a fused or
-compiled copy when the model has one), hooked work (activations, gradients, saliency) on the
-eager module, alone on it, batched across requests like predictions are. CPU work takes its
-intra-op threads from the process's thread budget.
+compiled copy when the model has one), hooked work (activations, gradients, saliency,
+interventions) on a hook lane (a copy of the eager module sharing its weights: one per worker
+thread, so hooked batches run side by side as predictions do), batched across requests like
+predictions are. CPU work takes its intra-op threads from the process's thread budget.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
 
 from service.errors import DeadlineExceeded, HookserveError, Unavailable
 from service.introspection.hooks import HookScope
+from service.registry.lanes import hook_lanes
 from service.registry.loaded import LoadedModel
 from service.runtime.jobs import JobKind
 from service.runtime.runners.base import Runner
@@ -94,6 +96,7 @@ _KINDS = {
     Access.FAST: JobKind.predict,
     Access.EAGER_SHARED: JobKind.predict,
     Access.EAGER_EXCLUSIVE: JobKind.exclusive,
+    Access.HOOKED: JobKind.exclusive,
     Access.READ: JobKind.shared,
 }
 
@@ -113,7 +116,12 @@ class ModelExecutor:
         self._uses_cpu_threads = model.device.type == "cpu"
         self.config = config
         self.stats = ExecutorStats()
-        self._scheduler = Scheduler(config.max_queue, config.max_batch_size, config.max_batch_delay_ms / 1000.0)
+        if not model.lanes and config.threads > 1:
+            model.lanes = hook_lanes(model.module, config.threads)
+        self._free_lanes = list(model.lanes)
+        self._scheduler = Scheduler(
+            config.max_queue, config.max_batch_size, config.max_batch_delay_ms / 1000.0, lanes=len(model.lanes)
+        )
         self._running = 0
         self._running_lock = threading.Lock()
         self._on_job = on_job
@@ -181,7 +189,7 @@ class ModelExecutor:
 
     def _job(self, future: Future[Any], runner: Runner[Any], inputs: torch.Tensor, request: Any) -> Job:
         if runner.hooked:
-            access = Access.EAGER_EXCLUSIVE
+            access = Access.HOOKED if self.model.lanes else Access.EAGER_EXCLUSIVE
             batchable = self.model.spec.batch_introspection
         else:
             access = Access.FAST if self.model.fast is not None else Access.EAGER_SHARED
@@ -310,10 +318,27 @@ class ModelExecutor:
     def _answers(self, jobs: list[Job]) -> list[Any]:
         works: list[_Work] = [job.payload for job in jobs]
         runner = works[0].runner
+        inputs, requests = [w.inputs for w in works], [w.request for w in works]
         if not runner.hooked:
-            return runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
-        with stop_when_abandoned(self.model.module, jobs):
-            return runner.run(self.model, [w.inputs for w in works], [w.request for w in works])
+            return runner.run(self.model, inputs, requests)
+        with self._lane() as model, stop_when_abandoned(model.module, jobs):
+            return runner.run(model, inputs, requests)
+
+    @contextmanager
+    def _lane(self) -> Iterator[LoadedModel]:
+        """The model as a hooked batch sees it: its module one free lane (the eager module when it has none).
+
+        The scheduler starts at most one HOOKED batch per lane, so a free one is always there."""
+        if not self.model.lanes:
+            yield self.model
+            return
+        with self._running_lock:
+            lane = self._free_lanes.pop()
+        try:
+            yield replace(self.model, module=lane)
+        finally:
+            with self._running_lock:
+                self._free_lanes.append(lane)
 
     def _run_function(self, job: Job, kind: JobKind) -> None:
         fn: Callable[[], Any] = job.payload

@@ -6,15 +6,18 @@ The policy, in full:
   together with later jobs that can share its batch (same batch key, up to `max_batch_size`
   samples, waiting at most `max_batch_delay_ms` while more of its kind are being decoded).
 - What a job needs of the model is its `Access`. Hooked work (activations, gradients,
-  saliency, summaries) needs the eager module alone: `EAGER_EXCLUSIVE`, one batch at a time,
-  and no other forward on that module meanwhile. Predictions run on their own fast-path copy
-  (`FAST`, any number at once) or, when the model has none, share the eager module
-  (`EAGER_SHARED`). Reads of parameters (`READ`) need nothing.
-- A job may start before an older waiting job only if the two do not conflict (both need the
-  eager module and one of them alone). So a stream of one kind can never hold another back:
-  hooked jobs run one batch after another in arrival order while predictions pass them on the
-  fast path, and where predictions share the eager module they queue behind an older hooked
-  job instead of overtaking it (phase-fair reader/writer order, not writer- or reader-preferring).
+  saliency, interventions) runs on one of the model's hook lanes (`HOOKED`: copies of the
+  module sharing its weights, each with hook dicts of its own), up to `lanes` batches at once;
+  a model without lanes runs it on the eager module alone (`EAGER_EXCLUSIVE`, which summaries
+  and node tracing always take: no other eager work meanwhile). Predictions run on their own
+  fast-path copy (`FAST`, any number at once) or, when the model has none, share the eager
+  module (`EAGER_SHARED`). Reads of parameters (`READ`) need nothing.
+- A job may start before an older waiting job only if the two do not conflict (one needs the
+  eager module alone and the other any eager module or lane). So a stream of one kind can never
+  hold another back: hooked batches run on their lanes in arrival order while predictions pass
+  them on the fast path, and where work shares the eager module it queues behind an older job
+  that needs it alone instead of overtaking it (phase-fair reader/writer order, not writer- or
+  reader-preferring).
 
 No torch here: the executor runs what this hands out (`tests/runtime/test_scheduler.py`).
 """
@@ -39,10 +42,11 @@ class Access(Enum):
     READ = "read"  # parameters and metadata only: never waits for another job
     FAST = "fast"  # the fast-path copy (no hooks ever): any number at once
     EAGER_SHARED = "eager_shared"  # a plain forward on the eager module: beside other such forwards
-    EAGER_EXCLUSIVE = "eager_exclusive"  # hooks on the eager module: alone
+    HOOKED = "hooked"  # hooks on one of the model's lanes: beside predictions and the other lanes
+    EAGER_EXCLUSIVE = "eager_exclusive"  # hooks on the eager module itself: alone
 
     def conflicts(self, other: Access) -> bool:
-        eager = (Access.EAGER_SHARED, Access.EAGER_EXCLUSIVE)
+        eager = (Access.EAGER_SHARED, Access.HOOKED, Access.EAGER_EXCLUSIVE)
         return self in eager and other in eager and Access.EAGER_EXCLUSIVE in (self, other)
 
 
@@ -84,7 +88,7 @@ class Batch:
 class Scheduler:
     """The bounded queue of one model and the access its running batches hold."""
 
-    def __init__(self, max_jobs: int, max_batch_size: int, max_batch_delay_s: float) -> None:
+    def __init__(self, max_jobs: int, max_batch_size: int, max_batch_delay_s: float, lanes: int = 0) -> None:
         self._jobs: deque[Job] = deque()
         self._cond = threading.Condition()
         self._max_jobs = max_jobs
@@ -93,6 +97,8 @@ class Scheduler:
         self._closed = False
         self._eager_readers = 0
         self._eager_writer = False
+        self._lanes = lanes
+        self._hooked = 0  # lanes in use
         self._incoming: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -158,6 +164,8 @@ class Scheduler:
                 self._eager_writer = False
             elif batch.access is Access.EAGER_SHARED:
                 self._eager_readers -= 1
+            elif batch.access is Access.HOOKED:
+                self._hooked -= 1
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -186,9 +194,11 @@ class Scheduler:
 
     def _can_start(self, access: Access) -> bool:
         if access is Access.EAGER_EXCLUSIVE:
-            return not self._eager_writer and self._eager_readers == 0
+            return not self._eager_writer and self._eager_readers == 0 and self._hooked == 0
         if access is Access.EAGER_SHARED:
             return not self._eager_writer
+        if access is Access.HOOKED:
+            return not self._eager_writer and self._hooked < self._lanes
         return True
 
     def _acquire(self, access: Access) -> None:
@@ -196,6 +206,8 @@ class Scheduler:
             self._eager_writer = True
         elif access is Access.EAGER_SHARED:
             self._eager_readers += 1
+        elif access is Access.HOOKED:
+            self._hooked += 1
 
     def _fill(self, batch: list[Job], limit: int) -> list[Job]:
         """Add queued jobs with the first one's key until `limit` samples, the delay, or nothing more coming."""

@@ -81,9 +81,16 @@ def served(app: FastAPI, name: str) -> nn.Module:
     return module
 
 
+def hookable(app: FastAPI, name: str) -> tuple[nn.Module, ...]:
+    """The served module and the lanes hooked batches run on."""
+    modules: tuple[nn.Module, ...] = app.state.hookserve.fleet.ready(name).model.hookable_modules
+    return modules
+
+
 async def assert_no_hooks(app: FastAPI, client: httpx.AsyncClient, name: str) -> None:
     assert (await client.get(f"/models/{name}")).json()["hooks"] == 0
-    assert_no_module_hooks(served(app, name))
+    for module in hookable(app, name):
+        assert_no_module_hooks(module)
 
 
 def png_of(digit: int) -> bytes:
@@ -171,8 +178,10 @@ async def _slow_round(tmp_path: Path) -> None:
         reference: Any = type(model)(seconds=0.0)
         reference.load_state_dict(model.state_dict())
         reference.eval()
-        seen: list[tuple[int, list[float]]] = model.seen  # type: ignore[assignment]
-        seen.clear()
+        copies = hookable(app, "slow")
+        assert len(copies) == 3  # the served module and one lane per worker thread
+        for module in copies:
+            module.seen.clear()  # type: ignore[operator]
         gen = torch.Generator().manual_seed(7)
 
         jobs: list[tuple[str, dict[str, Any], Any]] = []
@@ -211,6 +220,8 @@ async def _slow_round(tmp_path: Path) -> None:
                 # one call per hooked layer: no prediction's forward fired this request's hooks
                 assert_matches(response.json(), want, f"activations {index}")
 
+        seen: list[tuple[int, list[float]]] = [call for module in copies for call in module.seen]  # type: ignore[attr-defined]
+        assert all(call[0] == 0 for call in copies[0].seen)  # type: ignore[attr-defined] # the served module: never hooked
         activation_calls = [(hooks, tags) for hooks, tags in seen if any(t >= 100 for t in tags)]
         prediction_calls = [(hooks, tags) for hooks, tags in seen if any(t <= -100 for t in tags)]
         assert sum(len(tags) for _, tags in activation_calls) == 6  # hooked requests may share a forward

@@ -69,7 +69,8 @@ max_batch_size = 64
 
 
 def serve(model_dir: Path) -> AbstractAsyncContextManager[tuple[FastAPI, httpx.AsyncClient]]:
-    return asgi_serving(model_dir, {"toy.py": TOY_PY, "models.toml": CONFIG})
+    """One worker thread (so no hook lanes): every concurrent request joins the one forming batch."""
+    return asgi_serving(model_dir, {"toy.py": TOY_PY, "models.toml": CONFIG}, worker_threads=1)
 
 
 def toy(app: FastAPI) -> nn.Module:
