@@ -34,12 +34,22 @@ class ModelInfo(BaseModel):
     num_classes: int | None = Field(None, examples=[10])
     labels: bool = False
     optimizer: str | None = Field(None, examples=["SGD"])
-    hooks: int = Field(0, description="Hooks registered on the model's modules right now; 0 between requests.")
+    hooks: int = Field(
+        0, description="Hooks registered on the model's modules and its hook lanes right now; 0 between requests."
+    )
     prediction_path: str | None = Field(
         None,
         description='What plain predictions run on: "fused" (a copy with BatchNorm folded), "compiled", '
-        '"fused+compiled", or "eager" (the served module itself). Hooked requests always use the served module.',
+        '"fused+compiled", or "eager" (the served module itself). Hooked requests always see the model as '
+        "configured, never the fused or compiled copy.",
         examples=["fused"],
+    )
+    hook_lanes: int | None = Field(
+        None,
+        description="How many hooked batches (activations, gradients, saliency, interventions) may run at once: "
+        "each on its own copy of the module tree, sharing the model's weights, with hooks of its own. 0: one at a "
+        "time, on the served module (one worker thread, or a module that cannot be copied).",
+        examples=[2],
     )
     load_seconds: float | None = None
 

@@ -178,10 +178,10 @@ async def _slow_round(tmp_path: Path) -> None:
         reference: Any = type(model)(seconds=0.0)
         reference.load_state_dict(model.state_dict())
         reference.eval()
-        copies = hookable(app, "slow")
+        copies: tuple[Any, ...] = hookable(app, "slow")  # Any: `seen` is a plain attribute
         assert len(copies) == 3  # the served module and one lane per worker thread
         for module in copies:
-            module.seen.clear()  # type: ignore[operator]
+            module.seen.clear()
         gen = torch.Generator().manual_seed(7)
 
         jobs: list[tuple[str, dict[str, Any], Any]] = []
@@ -220,8 +220,8 @@ async def _slow_round(tmp_path: Path) -> None:
                 # one call per hooked layer: no prediction's forward fired this request's hooks
                 assert_matches(response.json(), want, f"activations {index}")
 
-        seen: list[tuple[int, list[float]]] = [call for module in copies for call in module.seen]  # type: ignore[attr-defined]
-        assert all(call[0] == 0 for call in copies[0].seen)  # type: ignore[attr-defined] # the served module: never hooked
+        seen: list[tuple[int, list[float]]] = [call for module in copies for call in module.seen]
+        assert all(call[0] == 0 for call in copies[0].seen)  # the served module: never hooked
         activation_calls = [(hooks, tags) for hooks, tags in seen if any(t >= 100 for t in tags)]
         prediction_calls = [(hooks, tags) for hooks, tags in seen if any(t <= -100 for t in tags)]
         assert sum(len(tags) for _, tags in activation_calls) == 6  # hooked requests may share a forward

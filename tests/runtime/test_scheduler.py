@@ -14,6 +14,7 @@ from service.errors import Unavailable
 from service.runtime.scheduler import Access, Batch, Job, Scheduler
 
 FAST, SHARED, EXCLUSIVE, READ = Access.FAST, Access.EAGER_SHARED, Access.EAGER_EXCLUSIVE, Access.READ
+HOOKED = Access.HOOKED
 _ids = itertools.count()
 
 
@@ -21,8 +22,8 @@ def job(access: Access, key: Hashable | None = None, size: int = 1, kind: str = 
     return Job(Future(), access, key, size, kind, payload=next(_ids))
 
 
-def scheduler(max_jobs: int = 100, max_batch: int = 8, delay_s: float = 0.0) -> Scheduler:
-    return Scheduler(max_jobs, max_batch, delay_s)
+def scheduler(max_jobs: int = 100, max_batch: int = 8, delay_s: float = 0.0, lanes: int = 0) -> Scheduler:
+    return Scheduler(max_jobs, max_batch, delay_s, lanes=lanes)
 
 
 def take(s: Scheduler) -> Batch | None:
@@ -79,6 +80,39 @@ def test_shared_predictions_do_not_overtake_an_older_hooked_job() -> None:
     assert hooked is not None
     s.done(hooked)
     assert ids(take(s)) == [late_reader.payload]
+
+
+def test_hooked_batches_take_one_lane_each_beside_shared_predictions() -> None:
+    s = scheduler(lanes=2)
+    first, second, third, prediction = job(HOOKED), job(HOOKED), job(HOOKED), job(SHARED, key="p")
+    for j in (first, second, third, prediction):
+        s.put(j)
+    one, two = take(s), take(s)
+    assert [ids(one), ids(two)] == [[first.payload], [second.payload]]  # both lanes busy at once
+    assert ids(take(s)) == [prediction.payload]  # the served module holds no lane's hooks: it passes
+    assert take(s) is None  # the third waits for a free lane
+    assert one is not None
+    s.done(one)
+    assert ids(take(s)) == [third.payload]
+
+
+def test_work_on_the_served_module_alone_waits_for_the_lanes_and_holds_them_back() -> None:
+    """A summary (EAGER_EXCLUSIVE) starts once no lane runs, and later hooked jobs wait for it."""
+    s = scheduler(lanes=2)
+    hooked, summary, later = job(HOOKED), job(EXCLUSIVE), job(HOOKED)
+    s.put(hooked)
+    running = take(s)
+    s.put(summary)
+    s.put(later)
+    assert take(s) is None  # the summary waits for the lane; the later hooked job may not pass it
+    assert running is not None
+    s.done(running)
+    alone = take(s)
+    assert ids(alone) == [summary.payload]
+    assert take(s) is None
+    assert alone is not None
+    s.done(alone)
+    assert ids(take(s)) == [later.payload]
 
 
 def test_reads_never_wait() -> None:
@@ -147,18 +181,21 @@ def test_a_full_queue_and_a_closed_one_refuse() -> None:
     assert s.take() is None  # closed and drained: the workers stop
 
 
-@pytest.mark.parametrize("predictions", [FAST, SHARED])
-def test_no_kind_starves_under_a_constant_stream_of_both(predictions: Access) -> None:
+@pytest.mark.parametrize(
+    ("predictions", "hooked", "lanes"),
+    [(FAST, EXCLUSIVE, 0), (SHARED, EXCLUSIVE, 0), (FAST, HOOKED, 2), (SHARED, HOOKED, 1)],
+)
+def test_no_kind_starves_under_a_constant_stream_of_both(predictions: Access, hooked: Access, lanes: int) -> None:
     """Two workers; every step a prediction and a hooked job arrive. Every job runs, and no job is
     overtaken by more than the jobs that were running or batched with an older one when it came."""
-    s = scheduler(max_jobs=10_000, max_batch=4)
+    s = scheduler(max_jobs=10_000, max_batch=4, lanes=lanes)
     arrival: dict[int, int] = {}
     served: list[int] = []
     running: list[Batch] = []
     clock = itertools.count()
     for step in range(400):
         if step < 300:
-            for access, key in ((predictions, "p"), (EXCLUSIVE, "h")):
+            for access, key in ((predictions, "p"), (hooked, "h")):
                 j = job(access, key=key)
                 arrival[j.payload] = next(clock)
                 s.put(j)
