@@ -79,13 +79,14 @@ class Attribution(PlaneBase):
         request = SaliencyRunRequest(params, target)
         source = method.graph_from(params, model.module)
         chunk = method.chunk(params, self.settings)
+        rows = method.rows_per_input(params)
         fmt = body.format.value
         inputs, items = await self.run_admitted(
             served,
             self.saliency_runner,
             checked_inputs(),
             request=request,
-            estimate=lambda x, shapes: saliency_cost(x, shapes, chunk, source, fmt),
+            estimate=lambda x, shapes: saliency_cost(x, shapes, chunk, source, fmt, rows_per_input=rows),
             answer=(fmt, ADVICE_SALIENCY),
         )
         return Saliency(model, method.name, inputs, items)

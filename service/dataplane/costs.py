@@ -96,13 +96,23 @@ def gradients_cost(
 
 
 def saliency_cost(
-    x: torch.Tensor, shapes: LayerShapes, chunk: int | None, graph_from: str | None, fmt: str
+    x: torch.Tensor,
+    shapes: LayerShapes,
+    chunk: int | None,
+    graph_from: str | None,
+    fmt: str,
+    *,
+    rows_per_input: int | None = None,
 ) -> Estimate:
-    """`chunk`: inputs (or noisy/interpolated copies) one forward sees; `graph_from`: a layer, "" for the
-    input, None for methods that differentiate from the input in chunks (their own forwards)."""
+    """`chunk`: rows (inputs, or noisy/interpolated copies) one forward sees at most; `rows_per_input`: how many
+    rows each input becomes, when known (a forward never sees more than all of them); `graph_from`: a layer, ""
+    for the input, None for methods that differentiate from the input in chunks (their own forwards)."""
     n = int(x.shape[0])
     if graph_from is None:
-        graph = graph_bytes(shapes, int(x.shape[0]) if chunk is None else max(1, chunk), None)
+        rows = n if chunk is None else max(1, chunk)
+        if rows_per_input is not None:
+            rows = min(rows, n * rows_per_input)
+        graph = graph_bytes(shapes, rows, None)
     else:
         graph = graph_bytes(shapes, n, [graph_from] if graph_from else None)
     attribution = 2 * inputs_bytes(x)  # the attributions and their input-sized heatmaps

@@ -101,6 +101,20 @@ def test_an_answer_over_its_limit_is_refused_before_the_forward(make_client: Cli
     assert gate.forwards == before
 
 
+def test_integrated_gradients_is_costed_by_its_rows_not_the_internal_batch(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """One input with 4 steps is 4 rows in one forward, not ig_internal_batch_size (64) of them: within a bound
+    that 64 rows exceed it is admitted; with 64 steps it is refused (resnet18's IG with 32 steps was a 413 at the
+    default 2 GiB bound because every request was costed at 64 rows)."""
+    client = gate_client(make_client, tmp_path, max_request_memory_bytes=6 * MIB)
+    # 64 rows of 32x32: the conv output alone is 64 * 64 * 32 * 32 * 4 B = 16 MiB; 4 rows: 1 MiB
+    for steps, status in ((4, 200), (64, 413)):
+        body = {"model": "gate", "inputs": x(), "method": "integrated_gradients", "steps": steps}
+        response = client.post("/saliency", json=body)
+        assert response.status_code == status, (steps, response.text)
+
+
 def test_tensor_inputs_have_a_pixel_bound_like_images(make_client: ClientFactory, tmp_path: Path) -> None:
     client = gate_client(make_client, tmp_path, max_image_pixels=1000)
     response = client.post("/predict", json={"model": "gate", "inputs": x(40)})

@@ -104,6 +104,11 @@ class AttributionMethod(Generic[P]):
         of `attribute` sees at most, for its memory estimate; None: the whole batch at once."""
         return None
 
+    def rows_per_input(self, params: P) -> int | None:
+        """How many rows each input becomes inside `attribute` (interpolation steps, say), when a forward can
+        see fewer than `chunk` of them: the estimate then counts min(chunk, inputs x rows). None: unknown."""
+        return None
+
     def graph_from(self, params: P, model: nn.Module) -> str | None:
         """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""
         return None

@@ -48,6 +48,9 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
     def chunk(self, params: IntegratedGradientsParams, settings: Settings) -> int:
         return settings.ig_internal_batch_size
 
+    def rows_per_input(self, params: IntegratedGradientsParams) -> int:
+        return params.steps  # one input with 32 steps is 32 rows in one forward, not ig_internal_batch_size
+
     def batch_key(self, params: IntegratedGradientsParams) -> Hashable:
         return params.steps, params.baseline
 
