@@ -136,6 +136,13 @@ def assert_no_module_hooks(model: torch.nn.Module) -> None:
             assert not getattr(module, attr), f"{name!r}.{attr} still holds hooks"
 
 
+def assert_served_copies_clean(app: Any, name: str) -> None:
+    """No hook left and nothing in training mode on the served module nor on any hook lane of model `name`."""
+    for served in app.state.hookserve.fleet.ready(name).model.hookable_modules:
+        assert_no_module_hooks(served)
+        assert not any(module.training for module in served.modules())
+
+
 def as_tensor(payload: dict[str, Any]) -> torch.Tensor:
     """A JSON tensor of an answer back into a float32 tensor, checking its declared shape and dtype."""
     assert payload["dtype"] == "float32"

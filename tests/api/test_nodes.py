@@ -17,7 +17,7 @@ from service.zoo.lenet import load_lenet
 from tests.conftest import (
     ClientFactory,
     as_tensor,
-    assert_no_module_hooks,
+    assert_served_copies_clean,
     b64,
     digit_pixels,
     direct_capture,
@@ -45,7 +45,7 @@ def node_graph(client: TestClient, name: str) -> object:
 
 def assert_no_hooks(client: TestClient, name: str) -> None:
     assert client.get(f"/models/{name}").json()["hooks"] == 0
-    assert_no_module_hooks(served(client, name))
+    assert_served_copies_clean(client.app, name)
 
 
 @pytest.fixture(scope="module")

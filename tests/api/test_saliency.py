@@ -283,8 +283,10 @@ def test_integrated_gradients_completeness(client: TestClient, lenet: LeNet) -> 
 
 def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
     """steps × inputs = 400 examples, but no forward sees more than ig_internal_batch_size of them."""
-    model = client.app.state.hookserve.fleet.ready("probe").model.module  # type: ignore[attr-defined]
-    model.max_batch = 0
+    served = client.app.state.hookserve.fleet.ready("probe").model  # type: ignore[attr-defined]
+    model = served.module  # the reference; the request runs on one of its hook lanes
+    for copy in served.hookable_modules:
+        copy.max_batch = 0
     x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     out = saliency(
         client,
@@ -294,7 +296,7 @@ def test_integrated_gradients_memory_is_bounded(client: TestClient) -> None:
         steps=200,
         target=[0, 2],
     )
-    assert model.max_batch == IG_BATCH
+    assert max(copy.max_batch for copy in served.hookable_modules) == IG_BATCH
     want, _ = IntegratedGradients(model).attribute(
         x.clone().requires_grad_(True), baselines=0, target=[0, 2], n_steps=200, return_convergence_delta=True
     )
