@@ -1,8 +1,8 @@
 """Concurrent /activations requests naming FX nodes share one run of the node graph; each gets exactly its own rows.
 
-As in test_hooked_batching, a long `max_batch_delay_ms` and requests sent together make the
-batching deterministic. The toy records the batch of every run through a `torch.fx.wrap`ped
-function: a leaf of the traced graph, called with real tensors on every forward, eager or traced.
+One worker, held until every request is queued, makes the batching deterministic. The toy
+records the batch of every run through a `torch.fx.wrap`ped function: a leaf of the traced
+graph, called with real tensors on every forward, eager or traced.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import sys
+import threading
+import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,7 @@ def test_node_requests_share_one_graph_run_and_each_gets_its_own_rows(tmp_path: 
                 bodies.append(body)
                 wants.append(want)
             runs(model).clear()  # the references above ran the same `record`
-            responses = await asyncio.gather(*(client.post("/activations", json={"model": "toy", **b}) for b in bodies))
+            responses = await all_queued_then_run(app, client, bodies)
             for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
                 assert response.status_code == 200, response.text
                 got = response.json()["activations"]
@@ -148,6 +150,22 @@ def test_node_requests_share_one_graph_run_and_each_gets_its_own_rows(tmp_path: 
             assert (await client.get("/models/toy")).json()["hooks"] == 0
 
     asyncio.run(scenario())
+
+
+async def all_queued_then_run(app: FastAPI, client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> list[Any]:
+    """Send the requests while the one worker is held, release it once all are queued: they form one batch
+    whatever the event loop's timing (a worker free from the start could begin before the last one arrived)."""
+    executor = app.state.hookserve.fleet.ready("toy").executor
+    release = threading.Event()
+    held = asyncio.ensure_future(executor.run_exclusive(lambda: release.wait(60)))
+    sent = asyncio.gather(*(client.post("/activations", json={"model": "toy", **b}) for b in bodies))
+    deadline = time.monotonic() + 60
+    while executor.queue_depth < len(bodies):
+        assert time.monotonic() < deadline, "the requests never all queued"
+        await asyncio.sleep(0.005)
+    release.set()
+    await held
+    return list(await sent)
 
 
 def _match(name: str, patterns: list[str]) -> bool:
