@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -18,7 +18,28 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
 from service.main import create_app
+from service.runtime.executor import ModelExecutor
 from tests.helpers.waiting import PATIENCE_S
+
+T = TypeVar("T")
+
+
+async def sent_while_held(executor: ModelExecutor, sends: Sequence[Awaitable[T]], queued: int | None = None) -> list[T]:
+    """Await `sends` (requests to `executor`'s model) while the model is held by a job that needs it alone,
+    released once `queued` of them (default: all) wait in its queue: batches then form from a full queue,
+    whatever the event loop's timing (a free worker could start before the last request arrived)."""
+    release = threading.Event()
+    held = asyncio.ensure_future(executor.run_exclusive(lambda: release.wait(PATIENCE_S)))
+    sent = asyncio.gather(*sends)
+    deadline = time.monotonic() + PATIENCE_S
+    try:
+        while executor.queue_depth < (len(sends) if queued is None else queued):
+            assert time.monotonic() < deadline, "the requests never all queued"
+            await asyncio.sleep(0.005)
+    finally:
+        release.set()
+    await held
+    return list(await sent)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from service.introspection.gradients import compute_gradients
 from service.runtime.executor import ModelExecutor
 from tests.conftest import as_tensor, direct_capture, tensor_input
 from tests.helpers.compare import assert_batched_close
-from tests.helpers.serving import asgi_serving
+from tests.helpers.serving import asgi_serving, sent_while_held
 
 TOY_PY = '''
 import torch
@@ -107,8 +107,12 @@ def inputs(seed: int, n: int = 1, side: int = 8) -> Tensor:
     return torch.randn(n, 3, side, side, generator=torch.Generator().manual_seed(seed))
 
 
-async def post_all(client: httpx.AsyncClient, path: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
-    return await asyncio.gather(*(client.post(path, json={"model": "toy", **b}) for b in bodies))
+async def post_all(
+    app: FastAPI, client: httpx.AsyncClient, path: str, bodies: list[dict[str, Any]], queued: int | None = None
+) -> list[httpx.Response]:
+    """Concurrent requests, released to the workers once `queued` of them (default all) wait in the queue."""
+    sends = [client.post(path, json={"model": "toy", **b}) for b in bodies]
+    return await sent_while_held(executor(app), sends, queued)
 
 
 def run(coro: Any) -> Any:
@@ -140,7 +144,7 @@ def test_activations_of_concurrent_requests_share_a_forward_and_equal_their_own(
                 if reduce is not None:
                     want = {k: {s: _reduce(t, reduce) for s, t in v.items()} for k, v in want.items()}
                 wants.append(want)
-            responses = await post_all(client, "/activations", bodies)
+            responses = await post_all(app, client, "/activations", bodies)
             for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
                 assert response.status_code == 200, response.text
                 got = response.json()["activations"]
@@ -149,9 +153,7 @@ def test_activations_of_concurrent_requests_share_a_forward_and_equal_their_own(
                     assert sorted(got[key]) == sorted(sides), (i, key)
                     for side, tensor in sides.items():
                         assert_batched_close(as_tensor(got[key][side]), tensor, f"request {i} {key}:{side}")
-            # shared forwards: one per lane at most (a second worker starts a batch while the first one forms)
-            assert sum(model.sizes) == sum(1 + i % 2 for i in range(len(CAPTURES)))
-            assert len(model.sizes) <= 2
+            assert model.sizes == [sum(1 + i % 2 for i in range(len(CAPTURES)))]  # all shared one forward
             assert (await client.get("/models/toy")).json()["hooks"] == 0
 
     run(scenario())
@@ -173,7 +175,7 @@ def test_inputs_of_other_sizes_are_never_merged(tmp_path: Path) -> None:
                 {"inputs": [tensor_input(t) for t in small], "layers": ["conv1"]},
                 {"inputs": [tensor_input(t) for t in large], "layers": ["conv1"]},
             ]
-            responses = await post_all(client, "/activations", bodies)
+            responses = await post_all(app, client, "/activations", bodies)
             assert [r.status_code for r in responses] == [200, 200]
             assert sorted(model.sizes) == [2, 3]
             got = as_tensor(responses[1].json()["activations"]["conv1"]["output"])
@@ -202,9 +204,8 @@ def test_gradients_of_concurrent_requests_each_with_its_own_targets(tmp_path: Pa
                 wants.append(
                     compute_gradients(model.module, x, layers, target=target, labels=None, include_input=include_input)
                 )
-            responses = await post_all(client, "/gradients", bodies)
-            assert sum(model.sizes) == 8
-            assert len(model.sizes) <= 2  # the four shared the forwards of at most two batches, one per lane
+            responses = await post_all(app, client, "/gradients", bodies)
+            assert model.sizes == [8]  # all four shared one forward
             for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
                 assert response.status_code == 200, response.text
                 out = response.json()
@@ -247,7 +248,7 @@ def test_saliency_of_concurrent_requests_equals_each_alone(tmp_path: Path) -> No
                 targets = top if target is None else target if isinstance(target, list) else [target] * 2
                 wants.append(compute_saliency(model.module, x, params, targets, settings=settings))
             before = executor(app).stats.hooked_batches
-            responses = await post_all(client, "/saliency", bodies)
+            responses = await post_all(app, client, "/saliency", bodies)
             batches = executor(app).stats.hooked_batches - before
             assert batches < len(SALIENCY)  # like requests shared batches
             for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
@@ -264,7 +265,7 @@ def test_saliency_of_concurrent_requests_equals_each_alone(tmp_path: Path) -> No
 
 def test_invalid_requests_are_refused_before_joining_and_failures_stay_their_own(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with serve(tmp_path) as (_app, client):
+        async with serve(tmp_path) as (app, client):
             x = inputs(30, n=1)
             good = {"inputs": [tensor_input(x[0])], "layers": ["conv1"]}
             bodies = [
@@ -274,7 +275,7 @@ def test_invalid_requests_are_refused_before_joining_and_failures_stay_their_own
                 {"inputs": [tensor_input(x[0])], "layers": ["conv1"], "target": 7},  # 5 classes: 422 up front
                 good,
             ]
-            responses = await post_all(client, "/gradients", bodies)
+            responses = await post_all(app, client, "/gradients", bodies, queued=3)  # two are refused up front
             assert [r.status_code for r in responses] == [200, 422, 422, 422, 200]
             assert "conv9" in responses[1].text
             assert "'unused' produced no differentiable tensor" in responses[2].text
@@ -291,7 +292,7 @@ def test_a_model_may_opt_out_of_batched_introspection(tmp_path: Path) -> None:
             model = toy(app)
             model.clear()
             bodies = [{"inputs": [tensor_input(t) for t in inputs(40 + i, n=2)], "layers": ["conv1"]} for i in range(4)]
-            responses = await post_all(client, "/activations", bodies)
+            responses = await post_all(app, client, "/activations", bodies)
             assert [r.status_code for r in responses] == [200] * 4
             assert model.sizes == [2, 2, 2, 2]
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import sys
-import threading
-import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from torchvision.models.feature_extraction import create_feature_extractor
 
 from tests.conftest import as_tensor, direct_capture, tensor_input
 from tests.helpers.compare import assert_batched_close
-from tests.helpers.serving import asgi_serving
+from tests.helpers.serving import asgi_serving, sent_while_held
 
 TOY_PY = '''
 import torch
@@ -131,7 +129,10 @@ def test_node_requests_share_one_graph_run_and_each_gets_its_own_rows(tmp_path: 
                 bodies.append(body)
                 wants.append(want)
             runs(model).clear()  # the references above ran the same `record`
-            responses = await all_queued_then_run(app, client, bodies)
+            held = app.state.hookserve.fleet.ready("toy").executor
+            responses = await sent_while_held(
+                held, [client.post("/activations", json={"model": "toy", **b}) for b in bodies]
+            )
             for i, (response, want) in enumerate(zip(responses, wants, strict=True)):
                 assert response.status_code == 200, response.text
                 got = response.json()["activations"]
@@ -150,22 +151,6 @@ def test_node_requests_share_one_graph_run_and_each_gets_its_own_rows(tmp_path: 
             assert (await client.get("/models/toy")).json()["hooks"] == 0
 
     asyncio.run(scenario())
-
-
-async def all_queued_then_run(app: FastAPI, client: httpx.AsyncClient, bodies: list[dict[str, Any]]) -> list[Any]:
-    """Send the requests while the one worker is held, release it once all are queued: they form one batch
-    whatever the event loop's timing (a worker free from the start could begin before the last one arrived)."""
-    executor = app.state.hookserve.fleet.ready("toy").executor
-    release = threading.Event()
-    held = asyncio.ensure_future(executor.run_exclusive(lambda: release.wait(60)))
-    sent = asyncio.gather(*(client.post("/activations", json={"model": "toy", **b}) for b in bodies))
-    deadline = time.monotonic() + 60
-    while executor.queue_depth < len(bodies):
-        assert time.monotonic() < deadline, "the requests never all queued"
-        await asyncio.sleep(0.005)
-    release.set()
-    await held
-    return list(await sent)
 
 
 def _match(name: str, patterns: list[str]) -> bool:
