@@ -15,10 +15,10 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-import torch
 from torch import Tensor, nn
 
 from service.errors import InvalidField
+from service.introspection.copies import detached_copy
 from service.introspection.hooks import HookScope
 from service.specs.vocab import Capture
 
@@ -100,7 +100,7 @@ class _Recorder:
 
     def _store(self, key: str, side: str, t: Tensor) -> None:
         self.keys.add(key)
-        self.captured.setdefault(key, {})[side] = t.detach().clone(memory_format=torch.contiguous_format)
+        self.captured.setdefault(key, {})[side] = detached_copy(t)
 
 
 def flatten_tensors(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:

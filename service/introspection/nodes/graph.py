@@ -19,6 +19,7 @@ from torch import Tensor, fx
 
 from service.errors import InvalidField
 from service.introspection.capture import Captured, flatten_tensors
+from service.introspection.copies import detached_copy
 from service.introspection.layers import resolve_names
 
 _WILDCARDS = frozenset("*?[")
@@ -93,7 +94,7 @@ def capture_nodes(graph: NodeGraph, names: Collection[str], x: Tensor) -> tuple[
 
     def record(name: str, value: Any) -> Any:
         for key, t in flatten_tensors(name, value):
-            captured[key] = {"output": t.detach().clone(memory_format=torch.contiguous_format)}
+            captured[key] = {"output": detached_copy(t)}
             keys[name].append(key)
         return value
 

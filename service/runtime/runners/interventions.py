@@ -17,6 +17,7 @@ from torch import Tensor
 
 from service.errors import InvalidField
 from service.introspection.capture import Captured, capture_by_layer, flatten_tensors
+from service.introspection.copies import detached_copy
 from service.introspection.hooks import HookScope
 from service.introspection.interventions import Donors, EditHooks, EditOp, Editor, Fired, Means, RowEdits, Selection
 from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
@@ -180,7 +181,7 @@ class _NodeForward:
             value = value if edited is None else edited
             if name in capture:
                 for key, t in flatten_tensors(name, value):
-                    captured[key] = {"output": t.detach().clone(memory_format=torch.contiguous_format).cpu()}
+                    captured[key] = {"output": detached_copy(t).cpu()}
                     site_of[key] = name
             return value
 

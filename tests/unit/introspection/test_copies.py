@@ -1,0 +1,42 @@
+"""Captured copies are NCHW, detached, equal to the tensor bit for bit, however it is laid out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.introspection.copies import SMALL_BYTES, detached_copy
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 64, 112, 112),  # large: tiled
+        (2, 5, 131, 97),  # large, odd sizes: the last tile is short
+        (1, 3, 300, 400),  # an input image: 3 channels
+        (2, 8, 4, 4),  # small: one pass
+        (1, 1, 512, 512),  # one channel: NHWC is NCHW already
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_copy_is_nchw_and_equal(shape: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for layout in (torch.channels_last, torch.contiguous_format):
+        source = t.clone().contiguous(memory_format=layout).requires_grad_(True)
+        copy = detached_copy(source)
+        assert copy.is_contiguous()
+        assert not copy.requires_grad
+        assert copy.dtype == dtype
+        assert torch.equal(copy, t)
+        assert copy.data_ptr() != source.data_ptr()
+        with torch.no_grad():
+            source.add_(1.0)  # a later in-place op does not reach the copy
+        assert torch.equal(copy, t)
+
+
+def test_the_large_maps_this_is_for_take_the_tiled_path() -> None:
+    t = torch.randn(3, 64, 112, 112).contiguous(memory_format=torch.channels_last)
+    assert t.numel() * t.element_size() >= SMALL_BYTES
+    strided = t.permute(0, 2, 3, 1)[:, ::2]  # neither layout: the plain clone
+    assert torch.equal(detached_copy(strided), strided.contiguous())
+    assert torch.equal(detached_copy(t[:, :, ::2]), t[:, :, ::2].contiguous())
