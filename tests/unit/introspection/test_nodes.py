@@ -192,6 +192,7 @@ def test_untraceable_models_give_the_first_line_of_the_reason() -> None:
     failing = trace_nodes(BadGraph().eval(), torch.randn(1, 4))
     assert isinstance(failing, Untraceable)
     assert failing.reason.startswith("its traced graph fails on a batch of shape [1, 4]: ")
+    assert "shape '[7, -1]' is invalid" in failing.reason  # torch's own first line says why
     assert "\n" not in failing.reason
 
 
