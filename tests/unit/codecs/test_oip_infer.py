@@ -173,5 +173,22 @@ def test_encode_infer_labels_only_model_outputs() -> None:
     assert header_length is None
     answer = json.loads(body)
     assert [o["data"] for o in answer["outputs"]] == [["4.000000:1:dog"], ["9.000000:22:22"]]
-    with pytest.raises(TooLarge, match="max_json_response_bytes"):
+    with pytest.raises(TooLarge, match=r"^the JSON part of the answer would be at least \d+ bytes, over the 50-byte"):
         encode_infer(model, decoded, {"output__0": logits, "conv": conv}, Settings(max_json_response_bytes=50))
+
+
+def test_answer_limits_admit_an_answer_of_exactly_their_size() -> None:
+    model = loaded()
+    tensor = {"name": "input__0", "shape": [1, 2, 5, 5], "datatype": "FP32", "data": [0.0] * 50}
+    logits = {"output__0": torch.tensor([[0.0, 4.0, 1.0]])}
+    binary = decode_infer(header(inputs=[tensor], parameters={"binary_data_output": True}), b"", model, Settings())
+    _, header_length = encode_infer(model, binary, logits, Settings(max_binary_response_bytes=12))  # 3 float32s
+    assert header_length is not None
+    with pytest.raises(TooLarge, match="max_binary_response_bytes"):
+        encode_infer(model, binary, logits, Settings(max_binary_response_bytes=11))
+    as_json = decode_infer(header(inputs=[tensor]), b"", model, Settings())
+    body, _ = encode_infer(model, as_json, logits, Settings(max_json_response_bytes=200))
+    assert json.loads(body)["outputs"][0]["data"] == [0.0, 4.0, 1.0]
+    encode_infer(model, as_json, logits, Settings(max_json_response_bytes=len(body)))
+    with pytest.raises(TooLarge, match="max_json_response_bytes"):
+        encode_infer(model, as_json, logits, Settings(max_json_response_bytes=len(body) - 1))
