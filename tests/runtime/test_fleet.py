@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -130,7 +131,7 @@ def test_a_models_jobs_run_within_the_fleets_thread_budget_and_its_readiness_is_
             assert entry.status is Status.ready, entry.error
             assert entry.model is not None
             assert entry.executor is not None
-            seen: list[tuple[str, int]] = entry.model.module.seen
+            seen = cast(list[tuple[str, int]], entry.model.module.seen)  # the Where module's own list
             seen.clear()  # the load's own probe
             await entry.executor.predict(torch.zeros(1, 4))
             return seen
