@@ -136,7 +136,8 @@ def served(client: TestClient, name: str) -> nn.Module:
 
 
 @pytest.mark.parametrize(
-    ("model_name", "needle"), [("lenet", "'relu' runs 4 times"), ("resnet18", "'layer1.0.relu' runs 2 times")]
+    ("model_name", "needle"),
+    [("lenet", "'relu' runs 4 times"), ("resnet18", "'layer1.0.relu' runs 2 times, 'layer1.1.relu' runs 2 times")],
 )
 def test_deeplift_on_a_model_that_reuses_an_activation_module_is_422(
     client: TestClient, model_name: str, needle: str

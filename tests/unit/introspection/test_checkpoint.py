@@ -84,6 +84,14 @@ def test_training_checkpoint(tmp_path: Path) -> None:
     assert got["compare"] == {"missing_keys": [], "unexpected_keys": [], "shape_mismatches": []}
 
 
+def test_without_a_preferred_key_the_largest_state_dict_is_the_models(tmp_path: Path) -> None:
+    """No `model`/`state_dict` key: the state dict holding the most elements is compared, whatever its name."""
+    path = tmp_path / "named.pt"
+    torch.save({"big": _model().state_dict(), "tiny": {"scale": torch.ones(1)}}, path)
+    got = inspect_checkpoint(path, compare_to=_model())
+    assert got["compare"] == {"missing_keys": [], "unexpected_keys": [], "shape_mismatches": []}
+
+
 def test_two_optimizers_are_not_given_the_models_parameter_names(tmp_path: Path) -> None:
     """With two optimizers (a GAN's), which parameters each one holds is unknown: no param_name is guessed."""
     model = _model()

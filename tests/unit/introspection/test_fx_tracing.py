@@ -49,6 +49,7 @@ class Paused(nn.Module):
 def test_symbolic_trace_gives_torchs_graph() -> None:
     model = load_lenet()
     assert symbolic_trace(model).code == fx.symbolic_trace(model).code
+    assert type(symbolic_trace(model)).__name__ == type(fx.symbolic_trace(model)).__name__ == "LeNet"
 
 
 class Scaled(nn.Module):
