@@ -264,3 +264,16 @@ def test_errors_leave_no_announced_requests_behind(builtin_client: TestClient) -
     executor = builtin_client.app.state.hookserve.fleet.entry("lenet").executor  # type: ignore[attr-defined]
     assert executor._scheduler.quiet  # nothing queued, nothing announced
     assert builtin_client.get("/models/lenet").json()["hooks"] == 0
+
+
+def test_a_request_over_max_request_memory_bytes_is_413_naming_its_cost_and_the_setting(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(TINY_CONFIG, max_request_memory_bytes=4096)
+    body = {"model": "tiny", "inputs": [tensor_input(torch.zeros(3, 32, 32))] * 8, "layers": ["*"]}
+    response = client.post("/activations", json=body)
+    assert response.status_code == 413, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("this request would hold ")
+    assert "of memory, over the " in detail
+    assert " limit (max_request_memory_bytes); ask for fewer layers" in detail

@@ -524,3 +524,16 @@ def test_a_parameter_of_another_method_is_refused(client: TestClient) -> None:
             "type": "extra_forbidden",
         }
     ]
+
+
+def test_an_unknown_method_lists_the_methods_and_every_field_no_method_has(client: TestClient) -> None:
+    inputs = [tensor_input(digit_pixels(0))]
+    body = {"model": "lenet", "inputs": inputs, "method": "lime", "kernel": 3, "steps": 8}
+    response = client.post("/saliency", json=body)
+    assert response.status_code == 422
+    method, kernel = response.json()["detail"]  # `steps` is some method's parameter: not listed
+    assert method["loc"] == ["method"]
+    assert method["type"] == "enum"
+    assert method["msg"].startswith("Input should be one of gradient, ")
+    assert "integrated_gradients" in method["msg"]
+    assert kernel == {"loc": ["kernel"], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}

@@ -137,7 +137,8 @@ def served(client: TestClient, name: str) -> tuple[nn.Module, ...]:
 
 
 @pytest.mark.parametrize(
-    ("model_name", "needle"), [("lenet", "'relu' runs 4 times"), ("resnet18", "'layer1.0.relu' runs 2 times")]
+    ("model_name", "needle"),
+    [("lenet", "'relu' runs 4 times"), ("resnet18", "'layer1.0.relu' runs 2 times, 'layer1.1.relu' runs 2 times")],
 )
 def test_deeplift_on_a_model_that_reuses_an_activation_module_is_422(
     client: TestClient, model_name: str, needle: str
@@ -277,3 +278,15 @@ def test_multipart_forms_take_lists_comma_separated(client: TestClient, referenc
     torch.testing.assert_close(as_tensor(response.json()["results"][0]["attribution"]), want[0], rtol=1e-3, atol=1e-6)
     shap = {"model": "lenet", "method": "gradient_shap", "samples": "4", "baselines": "0,1.5", "format": "png"}
     assert decode_png(client.post("/saliency", data=shap, files=image)).size == (224, 224)
+
+
+@pytest.mark.parametrize("method", ["guided_gradcam", "layer_conductance", "neuron_gradient"])
+def test_a_layer_pattern_that_matches_one_layer_is_that_layer(client: TestClient, method: str) -> None:
+    body: dict[str, Any] = {"model": "lenet", "method": method, "inputs": [tensor_input(digit_pixels(2))], "target": 2}
+    if method == "neuron_gradient":
+        body["neuron"] = [3, 1, 1]
+    if method == "layer_conductance":
+        body["steps"] = 8
+    exact = saliency(client, layer="conv2", **body)["results"][0]
+    pattern = saliency(client, layer="conv2*", **body)["results"][0]
+    torch.testing.assert_close(as_tensor(pattern["attribution"]), as_tensor(exact["attribution"]))

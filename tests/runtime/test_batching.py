@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +16,7 @@ from torch import nn
 from service.errors import InvalidField
 from service.registry.loaded import LoadedModel
 from service.runtime.executor import ExecutorConfig, ModelExecutor
+from service.runtime.threads import ThreadBudget
 from tests.helpers.loaded import loaded_model
 
 LONG_DELAY_MS = 60_000.0  # a batch that waited this long would make the test fail, not pass
@@ -185,3 +188,46 @@ def test_a_shape_the_model_cannot_take_is_the_clients_422(make_executor: Any) ->
     executor = make_executor()
     with pytest.raises(InvalidField, match=r"rec cannot run on samples of shape \[5\] \(its input size is \[4\]\)"):
         asyncio.run(executor.predict(torch.zeros(1, 5)))
+
+
+class Where(nn.Module):
+    """Remembers the thread each forward ran on and its intra-op thread count; fails on a row of -1s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.seen: list[tuple[str, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append((threading.current_thread().name, torch.get_num_threads()))
+        if bool((x == -1).all()):
+            raise RuntimeError("a row of -1s")
+        return self.fc(x)  # type: ignore[no-any-return]
+
+
+def test_a_cpu_model_alone_runs_wide_within_the_budget_it_is_given() -> None:
+    module = Where()
+    budget = ThreadBudget(total=2, max_per_job=2)
+    executor = ModelExecutor(
+        loaded_model(module, [4], name="where", num_classes=3), ExecutorConfig(threads=1), None, budget
+    )
+    try:
+        asyncio.run(executor.predict(torch.zeros(1, 4)))
+    finally:
+        executor.stop(5.0)
+        budget.close()
+    assert module.seen == [("hookserve-wide", 2)]
+
+
+def test_an_unexpected_error_is_logged_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    module = Where()
+    executor = ModelExecutor(loaded_model(module, [4], name="where", num_classes=3), ExecutorConfig(threads=1))
+    try:
+        with caplog.at_level(logging.ERROR, logger="hookserve.executor"), pytest.raises(RuntimeError, match="-1s"):
+            asyncio.run(executor.predict(torch.full((1, 4), -1.0)))
+    finally:
+        executor.stop(5.0)
+    [record] = [r for r in caplog.records if r.name == "hookserve.executor"]
+    assert record.getMessage() == "job on where failed"
+    assert record.exc_info is not None
+    assert str(record.exc_info[1]) == "a row of -1s"

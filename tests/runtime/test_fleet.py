@@ -4,8 +4,13 @@ closing the fleet never wait for a hung load."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
 
 from service.config import Settings
 from service.runtime.fleet import Fleet, Status
@@ -87,3 +92,54 @@ def test_closing_the_fleet_stops_every_model_at_once_within_its_bound(tmp_path: 
         for _, gate in keys_and_gates:
             gate.opened.set()
     assert took < PROMPT_S, f"close took {took:.1f} s"
+
+
+WHERE_PY = '''
+import threading
+
+import torch
+from torch import nn
+
+
+class Where(nn.Module):
+    """Remembers the thread each forward ran on and its intra-op thread count."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return self.fc(x)
+'''
+
+
+def test_a_models_jobs_run_within_the_fleets_thread_budget_and_its_readiness_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job alone takes the fleet's wide thread with every core of the budget (a budget of its own would
+    give it one thread on its worker)."""
+    (tmp_path / "where.py").write_text(WHERE_PY)
+    spec = {"name": "where", "source": "python", "architecture": "where.py:Where", "input_size": [4]}
+
+    async def scenario() -> list[tuple[str, int]]:
+        fleet = Fleet(Settings(model_dir=tmp_path, worker_threads=1, cpu_threads=2, torch_threads=2))
+        try:
+            entry = fleet.add(ModelSpec.model_validate(spec))
+            await wait_until_async(lambda: entry.status is not Status.loading, "the model loaded")
+            assert entry.status is Status.ready, entry.error
+            assert entry.model is not None
+            assert entry.executor is not None
+            seen = cast(list[tuple[str, int]], entry.model.module.seen)  # the Where module's own list
+            seen.clear()  # the load's own probe
+            await entry.executor.predict(torch.zeros(1, 4))
+            return seen
+        finally:
+            await asyncio.wait_for(fleet.close(), PROMPT_S)
+
+    with caplog.at_level(logging.INFO, logger="hookserve.registry"):
+        assert asyncio.run(scenario()) == [("hookserve-wide", 2)]
+    ready = [r.getMessage() for r in caplog.records if r.name == "hookserve.registry" and "ready" in r.getMessage()]
+    assert len(ready) == 1
+    assert ready[0].startswith("model where ready on cpu in ")

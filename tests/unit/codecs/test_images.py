@@ -88,6 +88,11 @@ def test_bomb_is_refused_before_any_pixel_is_decoded(monkeypatch: pytest.MonkeyP
     assert len(decoded) == 1
 
 
+def test_one_pixel_wide_or_high_images_open() -> None:
+    for size in ((1, 7), (7, 1), (1, 1)):
+        assert open_image(encode(Image.new("L", size, 128), "PNG"), LIMIT).size == size
+
+
 def test_limit_is_inclusive(picture: Image.Image) -> None:
     data = encode(picture, "PNG")
     assert open_image(data, 600).size == (30, 20)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from service.codecs.device_images import jpeg_to_tensor
 from service.codecs.images import open_image
-from service.codecs.jpeg_check import jpeg_is_complete
+from service.codecs.jpeg_check import _least_bytes, jpeg_is_complete
 from service.errors import BadInput
 from service.specs.model import PreprocessSpec
 from service.zoo.lenet import samples_dir
@@ -74,3 +74,25 @@ def test_a_header_larger_than_its_data_is_refused_on_both_paths() -> None:
         open_image(data, 10**8)
     with pytest.raises(BadInput, match="truncated or corrupt"):
         jpeg_to_tensor(data, PreprocessSpec(), 3, 10**8, device=torch.device("cpu"))
+
+
+def frame(height: int, width: int, factors: list[tuple[int, int]]) -> bytes:
+    """A baseline frame header's body: precision, size, then (id, h << 4 | v, table) per component."""
+    body = bytes([8]) + struct.pack(">HH", height, width) + bytes([len(factors)])
+    return body + b"".join(bytes([i + 1, h << 4 | v, 0]) for i, (h, v) in enumerate(factors))
+
+
+@pytest.mark.parametrize(
+    ("factors", "blocks"),
+    [
+        ([(1, 1), (1, 1), (1, 1)], 64),  # 4:4:4: each component has 8 x 8 blocks
+        ([(2, 2), (1, 1), (1, 1)], 64),  # 4:2:0: luma at full size, 8 x 8 blocks; chroma at half, 4 x 4
+        ([(2, 1), (1, 1), (1, 1)], 64),  # 4:2:2
+        ([(1, 1)], 64),  # gray
+    ],
+)
+def test_the_least_scan_is_a_bit_per_block_of_the_largest_component(
+    factors: list[tuple[int, int]], blocks: int
+) -> None:
+    """A 64 x 64 frame: every 8 x 8 block of its full-size component takes at least one bit of the scan."""
+    assert _least_bytes(0xC0, frame(64, 64, factors)) == blocks // 8

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
+from service.codecs.images import image_to_tensor
 from service.codecs.oip import float32_to_bf16_bits
-from service.codecs.oip_infer import as_array, classify, decode_infer, encode_infer, flatten_outputs, tensor_batch
+from service.codecs.oip_infer import (
+    as_array,
+    classify,
+    decode_infer,
+    encode_infer,
+    flatten_outputs,
+    image_batch,
+    tensor_batch,
+)
 from service.config import Settings
 from service.dataplane.oip import OutputPlan, plan_outputs
 from service.errors import BadInput, InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
+from service.specs.model import PreprocessSpec
 from service.specs.vocab import Datatype
 from tests.helpers.loaded import loaded_model
 
@@ -107,6 +119,14 @@ def test_as_array_bf16_bits() -> None:
         as_array(torch.zeros(1, dtype=torch.complex64))
 
 
+def test_a_nan_stays_a_nan_in_bf16_whatever_its_payload() -> None:
+    """Rounding a NaN whose payload sits in the low 16 bits would give infinity (0x7F80): NaNs keep a mantissa bit."""
+    nans = np.array([0x7F800001, 0xFF800001, 0x7FC00000], dtype=np.uint32).view(np.float32)
+    bits = float32_to_bf16_bits(nans)
+    assert all((b & 0x7F80) == 0x7F80 and (b & 0x007F) != 0 for b in bits.tolist()), [hex(b) for b in bits.tolist()]
+    assert (bits >> 15).tolist() == [0, 1, 0]  # the sign is kept
+
+
 def header(**request: object) -> bytes:
     return json.dumps(request).encode()
 
@@ -173,5 +193,46 @@ def test_encode_infer_labels_only_model_outputs() -> None:
     assert header_length is None
     answer = json.loads(body)
     assert [o["data"] for o in answer["outputs"]] == [["4.000000:1:dog"], ["9.000000:22:22"]]
-    with pytest.raises(TooLarge, match="max_json_response_bytes"):
+    with pytest.raises(TooLarge, match=r"^the JSON part of the answer would be at least \d+ bytes, over the 50-byte"):
         encode_infer(model, decoded, {"output__0": logits, "conv": conv}, Settings(max_json_response_bytes=50))
+
+
+def test_answer_limits_admit_an_answer_of_exactly_their_size() -> None:
+    model = loaded()
+    tensor = {"name": "input__0", "shape": [1, 2, 5, 5], "datatype": "FP32", "data": [0.0] * 50}
+    logits = {"output__0": torch.tensor([[0.0, 4.0, 1.0]])}
+    binary = decode_infer(header(inputs=[tensor], parameters={"binary_data_output": True}), b"", model, Settings())
+    _, header_length = encode_infer(model, binary, logits, Settings(max_binary_response_bytes=12))  # 3 float32s
+    assert header_length is not None
+    with pytest.raises(TooLarge, match="max_binary_response_bytes"):
+        encode_infer(model, binary, logits, Settings(max_binary_response_bytes=11))
+    as_json = decode_infer(header(inputs=[tensor]), b"", model, Settings())
+    body, _ = encode_infer(model, as_json, logits, Settings(max_json_response_bytes=200))
+    assert json.loads(body)["outputs"][0]["data"] == [0.0, 4.0, 1.0]
+    encode_infer(model, as_json, logits, Settings(max_json_response_bytes=len(body)))
+    with pytest.raises(TooLarge, match="max_json_response_bytes"):
+        encode_infer(model, as_json, logits, Settings(max_json_response_bytes=len(body) - 1))
+
+
+def test_the_answer_echoes_the_requests_id_and_only_when_it_has_one() -> None:
+    model, settings = loaded(), Settings()
+    tensor = {"name": "input__0", "shape": [1, 2, 5, 5], "datatype": "FP32", "data": [0.0] * 50}
+    logits = {"output__0": torch.tensor([[0.0, 4.0, 1.0]])}
+    with_id = decode_infer(header(id="r-7", inputs=[tensor]), b"", model, settings)
+    assert json.loads(encode_infer(model, with_id, logits, settings)[0])["id"] == "r-7"
+    without = decode_infer(header(inputs=[tensor]), b"", model, settings)
+    assert "id" not in json.loads(encode_infer(model, without, logits, settings)[0])
+
+
+def test_bytes_inputs_are_images_preprocessed_like_predicts() -> None:
+    flat = nn.Sequential(nn.Flatten(), nn.Linear(75, 3))
+    model = loaded_model(flat, [3, 5, 5], name="flat", num_classes=3, preprocess=PreprocessSpec(resize=5, crop=5))
+    pngs = []
+    for value in (0, 255):
+        buffer = io.BytesIO()
+        Image.new("L", (5, 5), value).save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
+    batch = image_batch(np.array(pngs, dtype=object), model, max_inputs=4, max_pixels=100)
+    want = [image_to_tensor(png, model.preprocess, model.channels, 100, "x") for png in pngs]
+    torch.testing.assert_close(batch, torch.stack(want))
+    assert not torch.equal(batch[0], batch[1])

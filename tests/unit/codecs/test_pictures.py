@@ -108,6 +108,27 @@ def test_grayscale_image_is_repeated_to_rgb() -> None:
         assert pixels[..., channel].tolist() == expected.tolist()
 
 
+def test_the_png_blends_at_the_alpha_it_is_given() -> None:
+    image = torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(1))
+    heat = torch.linspace(0, 1, 20).reshape(4, 5)
+    _, pixels = decode(heatmap_overlay_png(image, heat, alpha=0.2))
+    assert (pixels == heatmap_overlay(image, heat, alpha=0.2)).all()
+    assert not (pixels == heatmap_overlay(image, heat, alpha=0.5)).all()
+
+
+def test_a_two_channel_image_shows_the_mean_of_its_channels_as_gray() -> None:
+    two = torch.stack([torch.full((2, 3), 0.2), torch.full((2, 3), 0.6)])
+    pixels = heatmap_overlay(two, torch.zeros(2, 3), alpha=0.0)
+    assert pixels.shape == (2, 3, 3)
+    assert (pixels == round(0.4 * 255)).all()
+
+
+def test_heatmap_values_below_zero_take_the_first_colour() -> None:
+    """Clipped into [0, 1]: a negative value is the colormap's first colour, never one counted from its end."""
+    assert (colormap.apply(np.array([-0.5, -1.0])) == colormap.lut("inferno")[0]).all()
+    assert (colormap.apply(np.array([1.5])) == colormap.lut("inferno")[255]).all()
+
+
 def test_overlay_needs_matching_sizes() -> None:
     with pytest.raises(ValueError, match="does not match"):
         heatmap_overlay(torch.zeros(3, 4, 4), torch.zeros(2, 2))

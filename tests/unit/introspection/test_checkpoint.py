@@ -84,6 +84,32 @@ def test_training_checkpoint(tmp_path: Path) -> None:
     assert got["compare"] == {"missing_keys": [], "unexpected_keys": [], "shape_mismatches": []}
 
 
+def test_without_a_preferred_key_the_largest_state_dict_is_the_models(tmp_path: Path) -> None:
+    """No `model`/`state_dict` key: the state dict holding the most elements is compared, whatever its name."""
+    path = tmp_path / "named.pt"
+    torch.save({"big": _model().state_dict(), "tiny": {"scale": torch.ones(1)}}, path)
+    got = inspect_checkpoint(path, compare_to=_model())
+    assert got["compare"] == {"missing_keys": [], "unexpected_keys": [], "shape_mismatches": []}
+
+
+def test_two_optimizers_are_not_given_the_models_parameter_names(tmp_path: Path) -> None:
+    """With two optimizers (a GAN's), which parameters each one holds is unknown: no param_name is guessed."""
+    model = _model()
+    first = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    second = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.5)
+    model(torch.randn(2, 1, 4, 4)).sum().backward()
+    first.step()
+    second.step()
+    path = tmp_path / "two.pt"
+    torch.save({"model": model.state_dict(), "g_opt": first.state_dict(), "d_opt": second.state_dict()}, path)
+    got = inspect_checkpoint(path)
+    assert got["optimizers"] == {
+        "g_opt": optimizer_metadata(None, first.state_dict(), None),
+        "d_opt": optimizer_metadata(None, second.state_dict(), None),
+    }
+    assert got["optimizers"]["g_opt"]["state"][0]["param_name"] is None
+
+
 def test_nested_state_dicts_and_lists(tmp_path: Path) -> None:
     sd = _model().state_dict()
     path = tmp_path / "nested.pt"
@@ -200,6 +226,15 @@ def test_torchscript_archive_is_refused(tmp_path: Path) -> None:
         archive.writestr("archive/data.pkl", pickle.dumps({}))
         archive.writestr("archive/constants.pkl", pickle.dumps(()))
         archive.writestr("archive/code/__torch__.py", "def forward(self): ...")
+    with pytest.raises(InvalidField, match="TorchScript"):
+        inspect_checkpoint(path)
+
+
+def test_a_torchscript_archive_with_its_files_at_the_root_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "flat.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("data.pkl", pickle.dumps({}))
+        archive.writestr("constants.pkl", pickle.dumps(()))
     with pytest.raises(InvalidField, match="TorchScript"):
         inspect_checkpoint(path)
 

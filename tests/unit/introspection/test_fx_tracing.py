@@ -49,6 +49,27 @@ class Paused(nn.Module):
 def test_symbolic_trace_gives_torchs_graph() -> None:
     model = load_lenet()
     assert symbolic_trace(model).code == fx.symbolic_trace(model).code
+    assert type(symbolic_trace(model)).__name__ == type(fx.symbolic_trace(model)).__name__ == "LeNet"
+
+
+class Scaled(nn.Module):
+    """A parameter read in the module's own forward: FX gives it a get_attr node (through the tracer's getattr)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.full((4,), 2.0))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc(x) * self.scale
+        return out
+
+
+def test_a_parameter_read_in_forward_is_traced_as_torch_traces_it() -> None:
+    model = Scaled()
+    traced = symbolic_trace(model)
+    assert traced.code == fx.symbolic_trace(model).code
+    assert "scale" in [node.target for node in traced.graph.nodes if node.op == "get_attr"]
 
 
 def forward_mid_trace(trace: Callable[[nn.Module], object]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -253,3 +255,36 @@ def test_nested_outputs_use_the_activation_keys_and_unused_ones_get_zeros() -> N
     assert torch.equal(result.gradients["lstm.0"], expected)
     assert torch.equal(result.gradients["lstm.1.0"], torch.zeros(1, 2, 4))
     assert torch.equal(result.gradients["lstm.1.1"], torch.zeros(1, 2, 4))
+
+
+class SplitToDict(nn.Module):
+    def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
+        return OrderedDict(a=x * 2.0, b=x * 3.0)
+
+
+class Dicty(nn.Module):
+    """A layer whose output is an OrderedDict: the forward after it still gets an OrderedDict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.split = SplitToDict()
+        self.head = nn.Linear(4, 3)
+        self.seen: list[type] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        parts = self.split(x)
+        self.seen.append(type(parts))
+        out: Tensor = self.head(parts["a"] - parts["b"])
+        return out
+
+
+def test_a_mapping_output_keeps_its_type_and_gets_a_gradient_per_key() -> None:
+    torch.manual_seed(0)
+    model = Dicty().eval()
+    x = torch.randn(2, 4)
+    result = compute_gradients(model, x, ["split"], target=1, labels=None, include_input=False)
+    assert list(result.gradients) == ["split.a", "split.b"]
+    row = model.head.weight[1].detach().expand(2, 4)
+    torch.testing.assert_close(result.gradients["split.a"], row)
+    torch.testing.assert_close(result.gradients["split.b"], -row)
+    assert model.seen[-1] is OrderedDict

@@ -108,6 +108,13 @@ def test_too_many_layers_and_empty_list() -> None:
         resolve_layers(module_names(Net()), [], 3)
 
 
+def test_refusals_point_to_the_listing_of_layers() -> None:
+    for patterns in (["nope"], []):
+        with pytest.raises(InvalidField) as info:
+            resolve_layers(module_names(Net()), patterns, 3)
+        assert info.value.detail.endswith("(GET /models/{name}/layers lists them)")
+
+
 def test_closest_names_falls_back_to_common_prefix() -> None:
     names = ["", "features", "features.0", "features.1", "classifier"]
     assert closest_names("features.17", names) == ["features.1", "features.0", "features"]

@@ -15,7 +15,15 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 from service.errors import InvalidField
 from service.introspection.hooks import count_hooks
-from service.introspection.nodes import NodeGraph, Untraceable, capture_nodes, resolve_nodes, run_nodes, trace_nodes
+from service.introspection.nodes import (
+    NodeGraph,
+    Untraceable,
+    capture_nodes,
+    node_bytes,
+    resolve_nodes,
+    run_nodes,
+    trace_nodes,
+)
 from service.zoo.lenet import LeNet, load_lenet
 from tests.helpers.compare import assert_batched_close
 
@@ -192,6 +200,7 @@ def test_untraceable_models_give_the_first_line_of_the_reason() -> None:
     failing = trace_nodes(BadGraph().eval(), torch.randn(1, 4))
     assert isinstance(failing, Untraceable)
     assert failing.reason.startswith("its traced graph fails on a batch of shape [1, 4]: ")
+    assert "shape '[7, -1]' is invalid" in failing.reason  # torch's own first line says why
     assert "\n" not in failing.reason
 
 
@@ -228,3 +237,12 @@ def test_other_threads_forwards_run_untouched_while_a_model_is_traced(lenet: LeN
     assert torch.equal(got, want)
     assert isinstance(found[0], NodeGraph)
     assert found[0].names == ["x", "fc"]
+
+
+def test_node_bytes_are_one_samples_outputs_of_the_named_nodes() -> None:
+    """LeNet's flatten gives 16 x 5 x 5 float32s per sample, fc3 10; the batch dim is not counted."""
+    graph = trace_nodes(load_lenet(), torch.randn(2, 3, 32, 32))
+    assert isinstance(graph, NodeGraph)
+    assert node_bytes(graph, ["flatten"]) == 16 * 5 * 5 * 4
+    assert node_bytes(graph, ["flatten", "fc3"]) == (400 + 10) * 4
+    assert node_bytes(graph, []) == 0

@@ -125,3 +125,6 @@ def test_get_tensor() -> None:
     assert info.value.status == 404
     with pytest.raises(NotFound):
         get_tensor(model, "scratch")  # not persistent, so not in the state dict
+    with pytest.raises(NotFound) as info:
+        get_tensor(nn.ReLU(), "weight")  # no tensor at all, so none is close
+    assert info.value.detail == "no tensor 'weight' in the state dict"

@@ -197,6 +197,18 @@ def test_bad_input_size(size: list[int]) -> None:
         summarize(LeNet(), size, 1, CPU, torch.float32)
 
 
+def test_a_negative_depth_is_refused_by_name() -> None:
+    with pytest.raises(InvalidField) as info:
+        summarize(LeNet(), [1, 3, 32, 32], -1, CPU, torch.float32)
+    assert info.value.detail == "depth must be >= 0"
+
+
+def test_summarizing_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """torchinfo prints its table at verbose >= 1: into the server's stdout, for every /summary."""
+    summarize(LeNet().eval(), [1, 3, 32, 32], 1, CPU, torch.float32)
+    assert capsys.readouterr().out == ""
+
+
 def test_refuses_to_move_the_model() -> None:
     model = LeNet()
     with pytest.raises(ValueError, match="the model is on cpu"):

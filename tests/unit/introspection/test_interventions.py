@@ -1,0 +1,33 @@
+"""apply_edit on tensors made by hand: the selection and each op against plain indexing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from service.errors import InvalidField
+from service.introspection.interventions import EditOp, RowEdits, Selection, apply_edit
+
+
+def _none(*_: object) -> Tensor:
+    raise AssertionError("this edit reads no other run")
+
+
+def edit(rows: Tensor, op: EditOp) -> Tensor:
+    out, _ = apply_edit(rows, op, RowEdits(0, int(rows.shape[0]), [op], _none, _none))
+    return out
+
+
+def test_the_spatial_mean_of_a_sequence_output_averages_its_one_spatial_dim() -> None:
+    """[N, C, L] (a Conv1d's output) has one spatial dim: mean replaces each channel by its average over L."""
+    rows = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
+    got = edit(rows, EditOp(0, "conv", 1, Selection(channels=(1,)), "mean"))
+    want = rows.clone()
+    want[:, 1] = rows[:, 1].mean(-1, keepdim=True)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_flat_output_has_no_spatial_dims_to_average() -> None:
+    with pytest.raises(InvalidField, match=r"the output \[4\] has no spatial dims to average over"):
+        edit(torch.zeros(2, 4), EditOp(0, "fc", 1, Selection(), "mean"))
