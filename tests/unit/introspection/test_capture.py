@@ -171,6 +171,12 @@ def test_unknown_layer() -> None:
     assert count_hooks(model) == 0
 
 
+def test_unknown_layers_are_all_named_in_the_detail() -> None:
+    with pytest.raises(InvalidField) as caught:
+        capture_activations(Shared(), ["conv", "nope", "gone"], Capture.output, lambda: None)
+    assert caught.value.detail == "unknown layers: 'nope', 'gone'"
+
+
 def test_concurrent_captures_on_two_models_do_not_mix() -> None:
     models = [nn.Linear(4, 4), nn.Linear(4, 4)]
     inputs = [torch.full((2, 4), 1.0), torch.full((2, 4), -1.0)]

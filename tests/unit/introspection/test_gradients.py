@@ -13,7 +13,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from service.errors import InvalidField
 from service.introspection.capture import capture_activations
-from service.introspection.gradients import compute_gradients
+from service.introspection.gradients import compute_gradients, find_layer
 from service.introspection.hooks import count_hooks
 from service.specs.vocab import Capture
 
@@ -288,3 +288,9 @@ def test_a_mapping_output_keeps_its_type_and_gets_a_gradient_per_key() -> None:
     torch.testing.assert_close(result.gradients["split.a"], row)
     torch.testing.assert_close(result.gradients["split.b"], -row)
     assert model.seen[-1] is OrderedDict
+
+
+def test_unknown_layer_of_a_model_without_submodules_has_no_closest_hint() -> None:
+    with pytest.raises(InvalidField) as caught:
+        find_layer(nn.Linear(2, 2), "fc")
+    assert caught.value.detail == "unknown layer 'fc' (GET /models/{name}/layers lists them)"

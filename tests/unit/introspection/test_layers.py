@@ -122,6 +122,11 @@ def test_closest_names_falls_back_to_common_prefix() -> None:
     assert closest_names("qqq", names) == ["features", "classifier"]
 
 
+def test_closest_names_tries_every_prefix_length() -> None:
+    # "fx" shares a 1-character prefix with "features" only: every shorter prefix is tried, one at a time
+    assert closest_names("fx", ["", "features", "classifier"]) == ["features"]
+
+
 def test_last_conv2d() -> None:
     assert last_conv2d(Net()) == "layer1.1.conv"
     assert last_conv2d(nn.Sequential(nn.Linear(2, 2))) is None
