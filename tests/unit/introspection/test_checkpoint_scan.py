@@ -46,3 +46,18 @@ def test_lists_nested_exactly_to_the_depth_limit_pass() -> None:
     check_pickles(io.BytesIO(data), CheckpointLimits(depth=6))
     with pytest.raises(TooLarge, match="more than 5 levels deep"):
         check_pickles(io.BytesIO(data), CheckpointLimits(depth=5))
+
+
+@pytest.mark.parametrize(
+    ("data", "entries"),
+    [
+        (b"(I1\nI2\nI3\nI4\nI5\nI6\nd.", 3),  # protocol 0: MARK 1 2 3 4 5 6 DICT is {1: 2, 3: 4, 5: 6}
+        (pickle.dumps(frozenset(range(3)), protocol=4), 3),  # MARK 0 1 2 FROZENSET
+    ],
+    ids=["DICT", "FROZENSET"],
+)
+def test_containers_built_from_a_mark_count_their_entries(data: bytes, entries: int) -> None:
+    assert len(pickle.loads(data)) == entries
+    check_pickles(io.BytesIO(data), CheckpointLimits(entries=entries))
+    with pytest.raises(TooLarge, match=f"over the limit of {entries - 1} entries"):
+        check_pickles(io.BytesIO(data), CheckpointLimits(entries=entries - 1))
