@@ -295,3 +295,10 @@ def test_long_lists_are_summarised(tmp_path: Path) -> None:
     assert got["other"]["shape"] == [2, 3]
     assert got["other"]["w"] == {}
     assert got["state_dicts"] == {}
+
+
+def test_a_one_element_complex_tensor_is_shown_as_its_value(tmp_path: Path) -> None:
+    path = tmp_path / "complex.pt"
+    torch.save({"z": torch.tensor(1.5 - 2j), "epoch": 3}, path)  # not all tensors: no state dict
+    got = inspect_checkpoint(path)
+    assert got["other"]["z"] == "(1.5-2j)"  # a complex is no JSON number: its Python text
