@@ -169,3 +169,12 @@ def test_denormalize_inverts_normalization(chelsea: Image.Image) -> None:
     spec = PreprocessSpec(resize=32, crop=32)
     raw = reference(PreprocessSpec(resize=32, crop=32, mean=[0.0], std=[1.0]))(chelsea)
     torch.testing.assert_close(denormalize(preprocess_image(chelsea, spec, 3), spec), raw, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_denormalize_keeps_the_inputs_dtype(chelsea: Image.Image, dtype: torch.dtype) -> None:
+    spec = PreprocessSpec(resize=32, crop=32)
+    x = preprocess_image(chelsea, spec, 3)
+    got = denormalize(x.to(dtype), spec)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), denormalize(x, spec), rtol=0, atol=1e-2)
