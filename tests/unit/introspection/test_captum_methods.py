@@ -208,8 +208,13 @@ def test_layer_methods_default_to_the_last_conv() -> None:
         for a, b in zip(default, named, strict=True):
             assert torch.equal(a.attribution, b.attribution), method
     fc_only = nn.Sequential(nn.Flatten(), nn.Linear(12, 5)).eval()
-    with pytest.raises(InvalidField, match="layer_conductance needs a layer: this model has no Conv2d"):
-        saliency(fc_only, torch.rand(2, 3, 2, 2), "layer_conductance", steps=2)
+    no_layer: list[tuple[str, dict[str, Any]]] = [
+        ("layer_conductance", {"steps": 2}),
+        ("neuron_gradient", {"neuron": [0]}),
+    ]
+    for method, extra in no_layer:
+        with pytest.raises(InvalidField, match=f"^{method} needs a layer: this model has no Conv2d"):
+            saliency(fc_only, torch.rand(2, 3, 2, 2), method, **extra)
 
 
 def test_a_layer_without_spatial_dims_keeps_its_units_in_the_heatmap() -> None:
