@@ -31,3 +31,15 @@ def test_the_spatial_mean_of_a_sequence_output_averages_its_one_spatial_dim() ->
 def test_a_flat_output_has_no_spatial_dims_to_average() -> None:
     with pytest.raises(InvalidField, match=r"the output \[4\] has no spatial dims to average over"):
         edit(torch.zeros(2, 4), EditOp(0, "fc", 1, Selection(), "mean"))
+
+
+def test_a_spatial_selection_without_channels_takes_every_channel() -> None:
+    rows = torch.ones(2, 3, 4, 5)
+    got = edit(rows, EditOp(0, "conv", 1, Selection(y=(1, 3)), "zero"))
+    want = rows.clone()
+    want[:, :, 1:3, :] = 0
+    torch.testing.assert_close(got, want)
+    got = edit(rows, EditOp(0, "conv", 1, Selection(x=(4, 5)), "zero"))
+    want = rows.clone()
+    want[..., 4:5] = 0
+    torch.testing.assert_close(got, want)
