@@ -219,6 +219,15 @@ def test_hook_scope_counts_module_and_tensor_hooks() -> None:
     assert not x._backward_hooks
 
 
+def test_a_scope_tensor_hook_runs_on_the_gradient() -> None:
+    x = torch.ones(3, requires_grad=True)
+    with HookScope(nn.Linear(2, 2)) as scope:
+        scope.tensor_hook(x, lambda g: g * 2)
+        (x * 3).sum().backward()  # type: ignore[no-untyped-call]
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, torch.full((3,), 6.0))
+
+
 def test_hook_scope_removes_everything_when_the_body_raises() -> None:
     model = nn.Linear(2, 2)
     x = torch.randn(1, 2, requires_grad=True)
