@@ -284,3 +284,18 @@ def test_a_batch_that_fails_as_a_whole_is_rerun_request_by_request(caplog: pytes
     assert str(third) == "post went wrong"
     logged = {str(r.exc_info[1]) for r in caplog.records if r.name == "hookserve.executor" and r.exc_info}
     assert logged == {"a row of -1s", "post went wrong"}
+
+
+def test_predictions_run_on_the_fast_copy_not_the_hooked_module() -> None:
+    """A model with a prediction path (fused or compiled copy) predicts with it; the eager module, the one hooks
+    are registered on, never runs a prediction."""
+    eager, fast = Recorder(), Recorder()
+    model = loaded(eager)
+    model.fast, model.prediction_path = fast, "fused"
+    executor = ModelExecutor(model, ExecutorConfig(threads=1))
+    try:
+        out = asyncio.run(executor.predict(samples(1)[0]))
+    finally:
+        executor.stop(5.0)
+    assert torch.equal(out, expected(samples(1)[0]))
+    assert (eager.batch_sizes, fast.batch_sizes) == ([], [1])
