@@ -467,7 +467,7 @@ def test_a_sweep_over_more_inputs_than_rows_per_forward_ablates_one_channel_per_
     copy of the inputs (5 rows), never two channels' (10 rows)."""
     (tmp_path / "sizes.py").write_text(SIZES_PY)
     client = make_client(SIZES_TOML, max_batch_size=1, max_sweep_rows=100)
-    copies = client.app.state.hookserve.fleet.ready("sizes").model.hookable_modules  # the module and its hook lanes
+    copies = client.app.state.hookserve.fleet.ready("sizes").model.hookable_modules  # type: ignore[attr-defined]
     for lane in copies:
         lane.sizes.clear()
     inputs = [tensor_input(torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(i))) for i in range(5)]
