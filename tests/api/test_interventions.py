@@ -474,3 +474,17 @@ def test_a_sweep_over_more_inputs_than_rows_per_forward_ablates_one_channel_per_
     answer = post(client, "/interventions/sweep", model="sizes", inputs=inputs, site="conv", channels=[0, 3], target=0)
     assert sorted(e["channel"] for e in answer["channels"]) == [0, 1, 2]
     assert [size for lane in copies for size in lane.sizes] == [5, 5, 5, 5]  # the clean forward, one per channel
+
+
+def test_a_patch_from_a_source_that_never_reached_its_site_is_a_422_naming_both(lenet_client: TestClient) -> None:
+    """branchy's `maybe` runs only on dim inputs: patching it from a bright source has nothing to take there."""
+    body = {
+        "model": "branchy",
+        "inputs": [tensor_input(torch.zeros(3, 8, 8))],
+        "sources": {"bright": [tensor_input(torch.full((3, 8, 8), 50.0))]},
+        "edits": [{"site": "maybe", "op": "patch", "source": "bright"}],
+    }
+    response = lenet_client.post("/interventions", json=body)
+    assert response.status_code == 422, response.text
+    assert "source 'bright' never reached 'maybe', so it has nothing to give there" in response.json()["detail"]
+    assert hooks(lenet_client, "branchy") == 0
