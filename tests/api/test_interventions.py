@@ -429,3 +429,62 @@ def test_node_and_module_edits_do_not_mix_and_unknown_nodes_name_the_closest(r18
     assert refused.status_code == 422
     assert "'layer1.0.add'" in refused.json()["detail"]
     assert hooks(r18_client, "r18") == 0
+
+
+SIZES_PY = '''
+import torch
+from torch import nn
+
+
+class Sizes(nn.Module):
+    """conv -> mean -> fc; records the batch size of every forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+        self.sizes = []
+
+    def forward(self, x):
+        self.sizes.append(int(x.shape[0]))
+        return self.fc(self.conv(x).mean((2, 3)))
+'''
+
+SIZES_TOML = """
+[[models]]
+name = "sizes"
+source = "python"
+architecture = "sizes.py:Sizes"
+input_size = [3, 8, 8]
+"""
+
+
+def test_a_sweep_over_more_inputs_than_rows_per_forward_ablates_one_channel_per_forward(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """rows_per_forward is 4 x max_batch_size = 4 here; 5 inputs exceed it, so each ablated forward takes one channel's
+    copy of the inputs (5 rows), never two channels' (10 rows)."""
+    (tmp_path / "sizes.py").write_text(SIZES_PY)
+    client = make_client(SIZES_TOML, max_batch_size=1, max_sweep_rows=100)
+    copies = client.app.state.hookserve.fleet.ready("sizes").model.hookable_modules  # type: ignore[attr-defined]
+    for lane in copies:
+        lane.sizes.clear()
+    inputs = [tensor_input(torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(i))) for i in range(5)]
+    answer = post(client, "/interventions/sweep", model="sizes", inputs=inputs, site="conv", channels=[0, 3], target=0)
+    assert sorted(e["channel"] for e in answer["channels"]) == [0, 1, 2]
+    assert [size for lane in copies for size in lane.sizes] == [5, 5, 5, 5]  # the clean forward, one per channel
+
+
+def test_a_patch_from_a_source_that_never_reached_its_site_is_a_422_naming_both(lenet_client: TestClient) -> None:
+    """branchy's `maybe` runs only on dim inputs: patching it from a bright source has nothing to take there."""
+    body = {
+        "model": "branchy",
+        "inputs": [tensor_input(torch.zeros(3, 8, 8))],
+        "sources": {"bright": [tensor_input(torch.full((3, 8, 8), 50.0))]},
+        "edits": [{"site": "maybe", "op": "patch", "source": "bright"}],
+    }
+    response = lenet_client.post("/interventions", json=body)
+    assert response.status_code == 422, response.text
+    assert "source 'bright' never reached 'maybe', so it has nothing to give there" in response.json()["detail"]
+    assert hooks(lenet_client, "branchy") == 0

@@ -231,3 +231,71 @@ def test_an_unexpected_error_is_logged_with_its_traceback(caplog: pytest.LogCapt
     assert record.getMessage() == "job on where failed"
     assert record.exc_info is not None
     assert str(record.exc_info[1]) == "a row of -1s"
+
+
+class FailsOnAnyMinusOneRow(nn.Module):
+    """y = W x + b as Recorder, but a batch holding any row of -1s fails as a whole; remembers batch sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Recorder()
+        self.batch_sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(int(x.shape[0]))
+        if bool((x == -1).all(dim=1).any()):
+            raise RuntimeError("a row of -1s")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def test_a_batch_that_fails_as_a_whole_is_rerun_request_by_request(caplog: pytest.LogCaptureFixture) -> None:
+    """One request's bad row fails the batched forward: each request is then run alone, so the others still get
+    their answers, the bad one its own error, and a request whose post fails its own error too."""
+    module = FailsOnAnyMinusOneRow()
+    executor = ModelExecutor(
+        loaded_model(module, [4], name="alone", num_classes=3),
+        ExecutorConfig(threads=1, max_batch_size=8, max_batch_delay_ms=LONG_DELAY_MS),
+    )
+    good, bad, other = samples(1)[0], torch.full((1, 4), -1.0), samples(2)[1]
+
+    def broken_post(out: torch.Tensor) -> float:
+        raise ValueError("post went wrong")
+
+    async def run() -> list[Any]:
+        sends = [
+            executor.predict(decoded(good)),
+            executor.predict(decoded(bad)),
+            executor.predict(decoded(other), broken_post),
+        ]
+        return await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), timeout=60)
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="hookserve.executor"):
+            first, second, third = asyncio.run(run())
+    finally:
+        executor.stop(5.0)
+    assert module.batch_sizes == [3, 1, 1, 1]  # the batch of 3 failed, then each request alone
+    assert module.inner.batch_sizes == [1, 1]
+    assert isinstance(first, torch.Tensor)
+    assert torch.equal(first, expected(good))
+    assert isinstance(second, RuntimeError)
+    assert str(second) == "a row of -1s"
+    assert isinstance(third, ValueError)
+    assert str(third) == "post went wrong"
+    logged = {str(r.exc_info[1]) for r in caplog.records if r.name == "hookserve.executor" and r.exc_info}
+    assert logged == {"a row of -1s", "post went wrong"}
+
+
+def test_predictions_run_on_the_fast_copy_not_the_hooked_module() -> None:
+    """A model with a prediction path (fused or compiled copy) predicts with it; the eager module, the one hooks
+    are registered on, never runs a prediction."""
+    eager, fast = Recorder(), Recorder()
+    model = loaded(eager)
+    model.fast, model.prediction_path = fast, "fused"
+    executor = ModelExecutor(model, ExecutorConfig(threads=1))
+    try:
+        out = asyncio.run(executor.predict(samples(1)[0]))
+    finally:
+        executor.stop(5.0)
+    assert torch.equal(out, expected(samples(1)[0]))
+    assert (eager.batch_sizes, fast.batch_sizes) == ([], [1])

@@ -143,3 +143,52 @@ def test_a_models_jobs_run_within_the_fleets_thread_budget_and_its_readiness_is_
     ready = [r.getMessage() for r in caplog.records if r.name == "hookserve.registry" and "ready" in r.getMessage()]
     assert len(ready) == 1
     assert ready[0].startswith("model where ready on cpu in ")
+
+
+def test_closing_the_fleet_releases_each_devices_memory_once_not_once_per_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() skips each model's own release (a full gc.collect each) and releases every device once at the end."""
+    (tmp_path / "where.py").write_text(WHERE_PY)
+    released: list[torch.device] = []
+    monkeypatch.setattr("service.runtime.fleet.release_device_memory", released.append)
+
+    async def scenario() -> None:
+        fleet = Fleet(Settings(model_dir=tmp_path, worker_threads=1))
+        entries = [
+            fleet.add(
+                ModelSpec.model_validate(
+                    {"name": n, "source": "python", "architecture": "where.py:Where", "input_size": [4]}
+                )
+            )
+            for n in ("one", "two")
+        ]
+        await wait_until_async(lambda: all(e.status is not Status.loading for e in entries), "the models loaded")
+        assert all(e.status is Status.ready for e in entries), [e.error for e in entries]
+        await asyncio.wait_for(fleet.close(), PROMPT_S)
+
+    asyncio.run(scenario())
+    assert released == [torch.device("cpu")]
+
+
+def test_a_models_own_batch_delay_overrides_the_servers(tmp_path: Path) -> None:
+    """`max_batch_delay_ms` in a model's spec is that model's; a model without one takes the server's setting."""
+    (tmp_path / "where.py").write_text(WHERE_PY)
+    base = {"source": "python", "architecture": "where.py:Where", "input_size": [4]}
+
+    async def scenario() -> dict[str, float]:
+        fleet = Fleet(Settings(model_dir=tmp_path, worker_threads=1, max_batch_delay_ms=7.0))
+        try:
+            own = fleet.add(ModelSpec.model_validate(base | {"name": "own", "max_batch_delay_ms": 0.0}))
+            server = fleet.add(ModelSpec.model_validate(base | {"name": "server"}))
+            await wait_until_async(lambda: own.status is not Status.loading, "own loaded")
+            await wait_until_async(lambda: server.status is not Status.loading, "server loaded")
+            delays = {}
+            for entry in (own, server):
+                assert entry.executor is not None, entry.error
+                delays[entry.spec.name] = entry.executor.config.max_batch_delay_ms
+            return delays
+        finally:
+            await asyncio.wait_for(fleet.close(), PROMPT_S)
+
+    assert asyncio.run(scenario()) == {"own": 0.0, "server": 7.0}

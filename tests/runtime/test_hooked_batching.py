@@ -159,6 +159,25 @@ def test_activations_of_concurrent_requests_share_a_forward_and_equal_their_own(
     run(scenario())
 
 
+def test_two_concurrent_activation_requests_share_a_forward_and_each_gets_its_own_rows(tmp_path: Path) -> None:
+    """A batch of exactly two requests (the test above batches six): one forward, split back by request."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            model.clear()
+            xs = [inputs(10), inputs(11)]
+            bodies = [{"inputs": [tensor_input(t) for t in x], "layers": ["conv1"]} for x in xs]
+            responses = await post_all(app, client, "/activations", bodies)
+            assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
+            assert model.sizes == [2]
+            for response, x in zip(responses, xs, strict=True):
+                got = as_tensor(response.json()["activations"]["conv1"]["output"])
+                assert_batched_close(got, direct_capture(model.module, ["conv1"], x)["conv1"]["output"])
+
+    run(scenario())
+
+
 def _reduce(t: Tensor, how: str) -> Tensor:
     if how == "flatten":
         return t.reshape(t.shape[0], -1)

@@ -131,3 +131,21 @@ def test_exit_waits_for_a_hung_load_only_its_exit_wait_s() -> None:
     done, took = exit_with_a_load("hung", 0.5)
     assert done.returncode == 0, done.stderr
     assert took < 60  # not the load's 300 s
+
+
+def test_a_load_runs_on_a_daemon_thread_so_exit_never_joins_it() -> None:
+    """In process, what `test_exit_waits_for_a_hung_load_only_its_exit_wait_s` shows in a subprocess (which
+    imports the repository's code, so a mutation run never sees it there): the interpreter's exit joins every
+    non-daemon thread before `atexit`, so a hung load on one would hold the exit for as long as it hangs."""
+    release = threading.Event()
+
+    async def scenario() -> bool:
+        load = Loads().start("daemonic", lambda: release.wait(PATIENCE_S))
+        try:
+            [thread] = [t for t in threading.enumerate() if t.name == "hookserve-load-daemonic"]
+            return thread.daemon
+        finally:
+            release.set()
+            await load.future
+
+    assert asyncio.run(scenario()) is True

@@ -157,6 +157,29 @@ def test_a_forming_batch_waits_for_its_kind_being_decoded_only() -> None:
     assert ids(got[0]) == [second.payload, third.payload]
 
 
+def test_with_no_delay_a_forming_batch_never_waits_for_an_announced_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`max_batch_delay_ms = 0`: the batch takes what is queued and goes, however long the announced request takes.
+
+    The scheduler's clock is frozen, so the delay alone decides: the batch leaves at once, or (with any delay over
+    zero) waits until the announced request is withdrawn, which the test does only after looking."""
+    monkeypatch.setattr(
+        "service.runtime.scheduler.time", type("Frozen", (), {"perf_counter": staticmethod(lambda: 0.0)})
+    )
+    s = scheduler(delay_s=0.0)
+    first = job(FAST, key="a", kind="predict")
+    s.put(first)
+    s.announce("predict")
+    got: list[Batch | None] = []
+    taker = threading.Thread(target=lambda: got.append(s.take()))
+    taker.start()
+    taker.join(timeout=20)
+    waited = taker.is_alive()
+    s.withdraw("predict")
+    taker.join(timeout=20)
+    assert not waited
+    assert ids(got[0]) == [first.payload]
+
+
 def test_cancelled_jobs_never_run() -> None:
     s = scheduler()
     gone, kept = job(EXCLUSIVE), job(EXCLUSIVE)

@@ -1,0 +1,79 @@
+"""MemoryBudget on its own: what fits is admitted at once, what does not waits its turn, a waiter that gives up
+leaves the line."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.runtime.admission import Cost, MemoryBudget
+
+
+def cost(n: int) -> Cost:
+    return Cost({"inputs": n})
+
+
+async def settle() -> None:
+    """Let every task that can run on the loop run (admission is all on the loop, no threads)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_request_that_does_not_fit_beside_the_held_ones_waits_even_when_none_waits_before_it() -> None:
+    async def run() -> tuple[bool, int, bool, int]:
+        budget = MemoryBudget(total_bytes=10, per_request_bytes=10, max_waiting=4)
+        entered = asyncio.Event()
+        release_first = asyncio.Event()
+
+        async def first() -> None:
+            async with budget.reserve(cost(6), "advice"):
+                await release_first.wait()
+
+        async def second() -> None:
+            async with budget.reserve(cost(6), "advice"):
+                entered.set()
+
+        holder = asyncio.ensure_future(first())
+        await settle()
+        waiter = asyncio.ensure_future(second())
+        await settle()
+        entered_while_held, in_use_while_held = entered.is_set(), budget.in_use
+        release_first.set()
+        await asyncio.gather(holder, waiter)
+        return entered_while_held, in_use_while_held, entered.is_set(), budget.in_use
+
+    entered_while_held, in_use_while_held, entered_after, in_use_after = asyncio.run(run())
+    assert (entered_while_held, in_use_while_held) == (False, 6)
+    assert (entered_after, in_use_after) == (True, 0)
+
+
+def test_a_waiter_that_is_cancelled_leaves_the_line_to_those_behind_it() -> None:
+    async def run() -> tuple[int, bool]:
+        budget = MemoryBudget(total_bytes=10, per_request_bytes=10, max_waiting=4)
+        release_first = asyncio.Event()
+        small_in = asyncio.Event()
+
+        async def hold(size: int, until: asyncio.Event) -> None:
+            async with budget.reserve(cost(size), "advice"):
+                await until.wait()
+
+        async def small() -> None:
+            async with budget.reserve(cost(4), "advice"):
+                small_in.set()
+
+        holder = asyncio.ensure_future(hold(6, release_first))
+        await settle()
+        big = asyncio.ensure_future(hold(6, asyncio.Event()))  # waits: 6 + 6 > 10
+        await settle()
+        big.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await big
+        # Nobody waits now, and 6 + 4 fits: the small one must not queue behind the cancelled one.
+        await asyncio.wait_for(small(), timeout=30)
+        in_use = budget.in_use
+        release_first.set()
+        await holder
+        return in_use, small_in.is_set()
+
+    assert asyncio.run(run()) == (6, True)
