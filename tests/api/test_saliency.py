@@ -211,8 +211,10 @@ def test_parity_with_captum(client: TestClient, lenet: LeNet, r18: ResNet, model
         else:
             assert list(attribution.shape) == list(x.shape[1:])
         # resnet18: 20 layers of float32 convolutions whose summation order follows the intra-op thread count
-        # (one under load, two alone), summed over IG's steps: near-zero elements differ by ~1e-5 of the max
-        scale = 1e-4 if model_name == "resnet18" else 1e-5
+        # (one under load, two alone): near-zero elements differ by ~1e-5 of the max, and IG sums that over its
+        # steps (it failed 1e-4 in two of about six full runs); a wrong target, baseline or step count is off by
+        # the map's own scale, far above these bounds
+        scale = 1e-5 if model_name == "lenet" else 1e-3 if method == "integrated_gradients" else 1e-4
         close(attribution, expected, f"{model_name} {method} attribution {i}", scale)
         heatmap = as_tensor(result["heatmap"])
         check_heatmap(heatmap, size)
