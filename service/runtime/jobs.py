@@ -7,5 +7,5 @@ from enum import StrEnum
 
 class JobKind(StrEnum):
     predict = "predict"  # a batch of plain forwards (the prediction path)
-    exclusive = "exclusive"  # holds the eager module alone: hooked batches, summaries
+    exclusive = "exclusive"  # hooked batches (on a lane, or the eager module alone) and summaries
     shared = "shared"  # reads parameters or metadata beside everything else

@@ -25,7 +25,7 @@ class Runner(Generic[R]):
     """
 
     name: ClassVar[str]
-    hooked: ClassVar[bool]  # registers hooks on the eager module: runs alone on it
+    hooked: ClassVar[bool]  # registers hooks: runs on a hook lane (or alone on the eager module when there is none)
 
     def key(self, request: R) -> Hashable:
         """Requests with equal keys (and equal sample shapes) may share one batch."""
