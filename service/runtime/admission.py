@@ -42,7 +42,12 @@ class Cost:
 
 
 def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 1024**2:.1f} MiB"
+    """Bytes for a person: `1.50 GiB`, `12.0 MiB`, `4.0 KiB`, `512 bytes` (a small limit never reads as 0.0 MiB)."""
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
 
 
 class MemoryBudget:

@@ -277,3 +277,4 @@ def test_a_request_over_max_request_memory_bytes_is_413_naming_its_cost_and_the_
     assert detail.startswith("this request would hold ")
     assert "of memory, over the " in detail
     assert " limit (max_request_memory_bytes); ask for fewer layers" in detail
+    assert "over the 4.0 KiB limit" in detail  # a small limit in readable units, never "0.0 MiB"

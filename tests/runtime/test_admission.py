@@ -77,3 +77,11 @@ def test_a_waiter_that_is_cancelled_leaves_the_line_to_those_behind_it() -> None
         return in_use, small_in.is_set()
 
     assert asyncio.run(run()) == (6, True)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(512, "512 bytes"), (4096, "4.0 KiB"), (3 * 1024**2 // 2, "1.5 MiB"), (5 * 1024**3 // 2, "2.50 GiB")],
+)
+def test_sizes_in_a_refusal_are_in_units_a_person_reads(size: int, text: str) -> None:
+    assert Cost({"inputs": size}).describe().startswith(f"about {text}")
