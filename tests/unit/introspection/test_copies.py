@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.introspection.copies import SMALL_BYTES, detached_copy
+from service.introspection.copies import MIN_SAMPLE_ELEMENTS, detached_copy
 
 
 @pytest.mark.parametrize(
     "shape",
     [
-        (3, 64, 112, 112),  # large: tiled
-        (2, 5, 131, 97),  # large, odd sizes: the last tile is short
+        (3, 64, 112, 112),  # large: transposed sample by sample
+        (2, 5, 131, 97),  # odd sizes
+        (4, 512, 7, 7),  # many channels, few positions
+        (2, 64, 8, 8),  # just the per-sample size
         (1, 3, 300, 400),  # an input image: 3 channels
         (2, 8, 4, 4),  # small: one pass
         (1, 1, 512, 512),  # one channel: NHWC is NCHW already
@@ -34,9 +36,16 @@ def test_a_copy_is_nchw_and_equal(shape: tuple[int, int, int, int], dtype: torch
         assert torch.equal(copy, t)
 
 
-def test_the_large_maps_this_is_for_take_the_tiled_path() -> None:
+def test_maps_in_neither_layout_are_copied_as_they_are() -> None:
     t = torch.randn(3, 64, 112, 112).contiguous(memory_format=torch.channels_last)
-    assert t.numel() * t.element_size() >= SMALL_BYTES
+    assert t.numel() // t.shape[0] >= MIN_SAMPLE_ELEMENTS
     strided = t.permute(0, 2, 3, 1)[:, ::2]  # neither layout: the plain clone
     assert torch.equal(detached_copy(strided), strided.contiguous())
     assert torch.equal(detached_copy(t[:, :, ::2]), t[:, :, ::2].contiguous())
+
+
+def test_an_empty_batch_is_an_empty_copy() -> None:
+    t = torch.randn(0, 64, 16, 16).contiguous(memory_format=torch.channels_last)
+    copy = detached_copy(t)
+    assert copy.shape == (0, 64, 16, 16)
+    assert copy.is_contiguous()
