@@ -36,10 +36,9 @@ def _transpose_pays(t: Tensor) -> bool:
     return (
         t.device.type == "cpu"
         and t.ndim == 4
-        and t.shape[0] > 0
         and t.shape[1] > 1
         and t.shape[2] * t.shape[3] > 1
         and not t.is_contiguous()
         and t.is_contiguous(memory_format=torch.channels_last)
-        and t.numel() // t.shape[0] >= MIN_SAMPLE_ELEMENTS
+        and t.shape[1] * t.shape[2] * t.shape[3] >= MIN_SAMPLE_ELEMENTS
     )

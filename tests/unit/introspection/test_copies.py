@@ -38,7 +38,7 @@ def test_a_copy_is_nchw_and_equal(shape: tuple[int, int, int, int], dtype: torch
 
 def test_maps_in_neither_layout_are_copied_as_they_are() -> None:
     t = torch.randn(3, 64, 112, 112).contiguous(memory_format=torch.channels_last)
-    assert t.numel() // t.shape[0] >= MIN_SAMPLE_ELEMENTS
+    assert t[0].numel() >= MIN_SAMPLE_ELEMENTS
     strided = t.permute(0, 2, 3, 1)[:, ::2]  # neither layout: the plain clone
     assert torch.equal(detached_copy(strided), strided.contiguous())
     assert torch.equal(detached_copy(t[:, :, ::2]), t[:, :, ::2].contiguous())
