@@ -333,7 +333,8 @@ def targets_table(targets: list[Target]) -> str:
 
 
 def batches(extra: Mapping[str, float]) -> tuple[int, float]:
-    """(prediction batches run, mean samples per batch) from a point's metric differences."""
+    """(batches run, mean samples per batch) from a point's metric differences: prediction and hooked batches
+    together, since a point measures one kind of request."""
     count = sum(v for k, v in extra.items() if k.endswith(".batches"))
     samples = sum(v for k, v in extra.items() if k.endswith(".samples"))
     return int(count), (samples / count if count else float("nan"))
@@ -421,8 +422,9 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         "",
         f"`other` = whole machine busy minus the server and the load generator (kernel, other processes); "
         f"above {NOISY_CORES} cores a point is flagged noisy and redone up to `--retries` times, keeping the "
-        "quietest attempt. `batches` and `mean batch`: the server's prediction batches during the window "
-        "(`hookserve_batch_size` in /metrics).",
+        "quietest attempt. `batches` and `mean batch`: the server's batches during the window, prediction "
+        "batches for /predict rows (`hookserve_batch_size` in /metrics) and hooked batches for introspection rows "
+        "(`hookserve_hooked_batch_size`).",
     ]
     parts += features_section(results)
     notes = results.get("notes")

@@ -16,7 +16,9 @@ from types import TracebackType
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
-BATCH_METRIC = re.compile(r'^hookserve_batch_size_(?P<what>count|sum)\{model="(?P<model>[^"]+)"\} (?P<value>\S+)$')
+BATCH_METRIC = re.compile(
+    r'^hookserve_(?P<hooked>hooked_)?batch_size_(?P<what>count|sum)\{model="(?P<model>[^"]+)"\} (?P<value>\S+)$'
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,11 @@ class Server:
         raise RuntimeError(f"server not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def batch_counters(self) -> dict[str, float]:
-        """Batches run and samples batched so far, per model, from /metrics (`hookserve_batch_size`); {} if absent."""
+        """Batches run and samples batched so far, per model, from /metrics; {} if absent.
+
+        Prediction batches (`hookserve_batch_size`) as `<model>.batches` and `<model>.samples`, hooked
+        ones (`hookserve_hooked_batch_size`) as `<model>.hooked.batches` and `<model>.hooked.samples`.
+        """
         try:
             text = httpx.get(self.url + "/metrics", timeout=10.0, trust_env=False).text
         except httpx.HTTPError:
@@ -139,7 +145,8 @@ class Server:
             found = BATCH_METRIC.match(line)
             if found:
                 kind = "batches" if found["what"] == "count" else "samples"
-                out[f"{found['model']}.{kind}"] = float(found["value"])
+                hooked = ".hooked" if found["hooked"] else ""
+                out[f"{found['model']}{hooked}.{kind}"] = float(found["value"])
         return out
 
     def log_tail(self, lines: int = 30) -> str:

@@ -104,6 +104,14 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self.hooked_batch_size = Histogram(
+            "hookserve_hooked_batch_size",
+            "Samples per hooked batch run by the model's executor: concurrent /activations, /gradients, /saliency "
+            "and intervention requests answered by one forward.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
         self.queued = Histogram(
             "hookserve_job_queue_seconds",
             "Time a job waited from entering the model's queue until it ran (batching delay, model lock and "
@@ -130,6 +138,8 @@ class Metrics:
         kind = record.kind.value
         if record.kind is JobKind.predict:
             self.batch_size.labels(record.model).observe(record.samples)
+        elif record.kind is JobKind.exclusive and record.samples > 0:  # summaries and other input-less jobs: none
+            self.hooked_batch_size.labels(record.model).observe(record.samples)
         queued = self.queued.labels(record.model, kind)
         for seconds in record.waited_s:
             queued.observe(seconds)
@@ -139,6 +149,8 @@ class Metrics:
         """The registry's `on_remove` callback: an unloaded model's series go with it."""
         with contextlib.suppress(KeyError):
             self.batch_size.remove(name)
+        with contextlib.suppress(KeyError):
+            self.hooked_batch_size.remove(name)
         for histogram in (self.queued, self.compute):
             for kind in JobKind:
                 with contextlib.suppress(KeyError):

@@ -166,6 +166,28 @@ def test_hook_jobs_are_timed_as_exclusive(client: TestClient) -> None:
     assert value(after, "hookserve_job_queue_seconds_count", model="lenet", kind="exclusive") >= 1
 
 
+def test_hooked_batches_have_their_own_size_histogram(client: TestClient) -> None:
+    """A hooked request's inputs count as one hooked batch; a summary (a hook job without inputs) and a
+    prediction do not move it."""
+    hooked, predicted = "hookserve_hooked_batch_size", "hookserve_batch_size"
+    before = scrape(client)
+    body = {"model": "lenet", "inputs": lenet_inputs(3), "layers": ["conv1", "conv2"], "format": "stats"}
+    assert client.post("/activations", json=body).status_code == 200
+    assert client.get("/models/lenet/summary").status_code == 200
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, model="lenet", **labels) - value(before, name, model="lenet", **labels)
+
+    assert delta(f"{hooked}_count") == 1
+    assert delta(f"{hooked}_sum") == 3
+    assert delta(f"{hooked}_bucket", le="2.0") == 0
+    assert delta(f"{hooked}_bucket", le="4.0") == 1
+    assert delta(f"{predicted}_count") == 0
+    assert client.post("/predict", json={"model": "lenet", "inputs": lenet_inputs(2)}).status_code == 200
+    assert value(scrape(client), f"{hooked}_count", model="lenet") == value(after, f"{hooked}_count", model="lenet")
+
+
 def test_requests_are_labelled_by_route_template_and_model(client: TestClient) -> None:
     before = scrape(client)
     assert client.get("/models/lenet").status_code == 200
@@ -228,11 +250,16 @@ def test_an_unloaded_model_takes_its_batch_series_with_it(tmp_path: Path) -> Non
     with observed_client(settings) as c:
         wait_settled(c)
         assert c.post("/predict", json={"model": "tiny", "inputs": lenet_inputs(1)}).status_code == 200
+        body = {"model": "tiny", "inputs": lenet_inputs(1), "layers": ["conv1"], "format": "stats"}
+        assert c.post("/activations", json=body).status_code == 200
         assert value(scrape(c), "hookserve_batch_size_count", model="tiny") == 1
+        assert value(scrape(c), "hookserve_hooked_batch_size_count", model="tiny") == 1
         assert c.delete("/models/tiny", headers={"Authorization": "Bearer t"}).status_code == 200
         samples = scrape(c)
     assert not any(
-        ("model", "tiny") in labels for name, labels in samples if name.startswith(("hookserve_batch", "hookserve_job"))
+        ("model", "tiny") in labels
+        for name, labels in samples
+        if name.startswith(("hookserve_batch", "hookserve_hooked_batch", "hookserve_job"))
     )
 
 
@@ -250,6 +277,7 @@ def test_install_is_idempotent(tmp_path: Path) -> None:
     job_observer(app)(JobRecord("m", JobKind.exclusive, 0, (0.0,), 0.5))
     get = first.registry.get_sample_value
     assert get("hookserve_batch_size_sum", {"model": "m"}) == 5.0  # only prediction batches have a size
+    assert get("hookserve_hooked_batch_size_count", {"model": "m"}) is None  # an exclusive job without inputs
     assert get("hookserve_job_queue_seconds_count", {"model": "m", "kind": "predict"}) == 2.0  # one per job
     assert get("hookserve_job_queue_seconds_sum", {"model": "m", "kind": "predict"}) == pytest.approx(0.003)
     assert get("hookserve_job_compute_seconds_count", {"model": "m", "kind": "predict"}) == 1.0  # one per batch

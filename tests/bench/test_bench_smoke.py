@@ -300,9 +300,13 @@ def test_batch_metrics_parse() -> None:
     text = 'hookserve_batch_size_count{model="resnet18"} 12.0'
     found = BATCH_METRIC.match(text)
     assert found is not None
-    assert (found["what"], found["model"], found["value"]) == ("count", "resnet18", "12.0")
+    assert (found["what"], found["model"], found["value"], found["hooked"]) == ("count", "resnet18", "12.0", None)
+    hooked = BATCH_METRIC.match('hookserve_hooked_batch_size_sum{model="resnet18"} 30.0')
+    assert hooked is not None
+    assert (hooked["hooked"], hooked["what"]) == ("hooked_", "sum")
     assert BATCH_METRIC.match('hookserve_batch_size_bucket{model="resnet18",le="8.0"} 12.0') is None
     assert batches({"a.batches": 4.0, "a.samples": 10.0, "b.batches": 0.0, "b.samples": 0.0}) == (4, 2.5)
+    assert batches({"a.batches": 0.0, "a.samples": 0.0, "a.hooked.batches": 5.0, "a.hooked.samples": 15.0}) == (5, 3.0)
 
 
 def test_targets_on_fake_numbers() -> None:
