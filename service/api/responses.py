@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 import torch
 from fastapi import Response
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
-from service.codecs.binary import binary_size
+from service.codecs.binary import Buffer, binary_size
 from service.codecs.formats import file_format
 from service.codecs.tensors import json_size_lower_bound
 from service.config import Settings
 from service.errors import TooLarge
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+PIECE_BYTES = 1 << 20  # the most a file answer hands the server at once
 TOO_BIG_ADVICE = (
     "ask for format=stats, a reduce (mean/max), fewer layers or inputs, or a binary format (safetensors/npz)"
 )
@@ -69,12 +71,37 @@ async def file_response(
     """Tensors (and the rest of the answer, as metadata) in one of `service.codecs.formats`' file formats."""
     check_binary_size(tensors, settings)
     row = file_format(fmt)
-    body = await run_in_threadpool(row.encode, tensors, rest)
-    return Response(
-        body,
+    parts = await run_in_threadpool(row.encode, tensors, rest)
+    return PartsResponse(
+        parts,
         media_type=row.media_type,
         headers={"Content-Disposition": f'attachment; filename="{filename}.{row.extension}"'},
     )
+
+
+class PartsResponse(Response):
+    """A body sent as the given parts, in pieces of at most `PIECE_BYTES`, with its `Content-Length`.
+
+    The parts may be views of tensors (a safetensors file is its header and then each tensor's
+    bytes), so the answer is never joined into one copy. Handing the server one piece at a time
+    matters on the event loop: asyncio (Python 3.11) copies whatever the socket does not take at
+    once into the transport's buffer, holding the GIL, so one 10 MB write copied ~7 MB while
+    every other thread waited; a piece is written only once the previous ones have drained.
+    """
+
+    def __init__(self, parts: Sequence[Buffer], media_type: str, headers: Mapping[str, str]) -> None:
+        self.parts = [memoryview(part).cast("B") for part in parts]
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.init_headers({**headers, "content-length": str(sum(part.nbytes for part in self.parts))})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for part in self.parts:
+            for start in range(0, part.nbytes, PIECE_BYTES):
+                await send({"type": "http.response.body", "body": part[start : start + PIECE_BYTES], "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def png_response(body: bytes, filename: str) -> Response:

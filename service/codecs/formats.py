@@ -2,23 +2,25 @@
 
 Every binary answer (activations, gradients, saliency, a state-dict tensor) is written by a
 row of this table. An encoder takes the answer's tensors and the rest of the JSON answer
-(kept as file metadata where the format has room for it). To add a format, write its encoder
-in a codec module, add a row here, and offer it in the endpoints' format vocabularies
-(`service.specs.vocab`); `tests/unit/codecs/test_formats.py` checks each vocabulary against this table.
+(kept as file metadata where the format has room for it) and returns the file as parts in
+order, so a format laid out as header-then-tensors is served from the tensors' own memory.
+To add a format, write its encoder in a codec module, add a row here, and offer it in the
+endpoints' format vocabularies (`service.specs.vocab`); `tests/unit/codecs/test_formats.py`
+checks each vocabulary against this table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from service.codecs.binary import npy_file_bytes, npz_bytes, safetensors_bytes
+from service.codecs.binary import Buffer, npy_file_bytes, npz_bytes, safetensors_parts
 
 OCTET = "application/octet-stream"
-Encoder = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], bytes]
+Encoder = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[Buffer]]
 
 
 @dataclass(frozen=True)
@@ -29,13 +31,26 @@ class FileFormat:
     encode: Encoder
     many: bool = True  # holds several named tensors (npy holds one)
 
+    def file_bytes(self, tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> bytes:
+        """The whole file in one bytes object."""
+        return b"".join(self.encode(tensors, rest))
+
+
+def _whole(encode: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], bytes]) -> Encoder:
+    """An encoder of a format written in one piece."""
+
+    def parts(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> Sequence[Buffer]:
+        return [encode(tensors, rest)]
+
+    return parts
+
 
 FORMATS: dict[str, FileFormat] = {
     f.name: f
     for f in (
-        FileFormat("safetensors", OCTET, "safetensors", safetensors_bytes),
-        FileFormat("npz", OCTET, "npz", npz_bytes),
-        FileFormat("npy", OCTET, "npy", npy_file_bytes, many=False),
+        FileFormat("safetensors", OCTET, "safetensors", safetensors_parts),
+        FileFormat("npz", OCTET, "npz", _whole(npz_bytes)),
+        FileFormat("npy", OCTET, "npy", _whole(npy_file_bytes), many=False),
     )
 }
 

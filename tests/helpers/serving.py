@@ -96,3 +96,20 @@ class BodyMessages:
             return message
 
         await self.app(scope, counted if scope["type"] == "http" else receive, send)
+
+
+class ResponseMessages:
+    """ASGI middleware that records the size of every `http.response.body` message the app sends, and whether
+    it said more would follow."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.bodies: list[tuple[int, bool]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def recorded(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                self.bodies.append((len(message.get("body", b"")), bool(message.get("more_body", False))))
+            await send(message)
+
+        await self.app(scope, receive, recorded if scope["type"] == "http" else send)
