@@ -3,9 +3,10 @@
 Estimates, on purpose generous: the decoded inputs; a forward's live activations (a layer's
 input and output at the widest layer); what is captured (every requested key and side,
 before any reduction); what autograd keeps (every layer output from where the graph starts);
-and the answer in its format (JSON numbers take about 12 bytes each). A request is refused or
-made to wait on these numbers; the answer limits are checked on them too, so a 413 for an
-answer too large comes before the forward, not after it.
+and the answer in its format (JSON numbers take about 12 bytes each, an npz file a copy of
+its tensors, a safetensors file nothing more: it is sent from the tensors themselves). A
+request is refused or made to wait on these numbers; the answer limits are checked on them
+too, so a 413 for an answer too large comes before the forward, not after it.
 """
 
 from __future__ import annotations
@@ -138,6 +139,10 @@ def check_answer(estimate: Estimate, fmt: str, settings: Settings, advice: str) 
 
 
 def _answer_bytes(numel: int, raw: int, fmt: str) -> int:
+    """Memory the encoded answer takes beyond its tensors: none for safetensors, sent from the tensors' own
+    bytes (`service.codecs.binary.safetensors_parts`); a copy for npz and npy; ~12 bytes a number for JSON."""
     if fmt == "json":
         return numel * JSON_BYTES_PER_NUMBER
+    if fmt == "safetensors":
+        return 0
     return raw

@@ -14,7 +14,7 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from tests.conftest import ClientFactory, tensor_input
+from tests.conftest import ClientFactory, read_binary_answer, tensor_input
 from tests.helpers.serving import asgi_serving
 from tests.reliability.live_server import LiveServer
 
@@ -87,6 +87,21 @@ def test_a_request_over_the_per_request_bound_is_refused_before_any_forward(
     assert "captures" in detail  # what the memory is for
     assert "reduce" in detail  # and what to ask for instead
     assert gate.forwards == before + 1  # refused before any forward
+
+
+def test_a_safetensors_answer_costs_no_copy_of_its_tensors(make_client: ClientFactory, tmp_path: Path) -> None:
+    """Two 64x64 inputs, the conv's output captured: forward 4 MiB + captures 2 MiB. As npz the file is a
+    2 MiB copy more and goes over a 7 MiB bound; as safetensors it is sent from the captures themselves
+    and fits (and arrives whole)."""
+    client = gate_client(make_client, tmp_path, max_request_memory_bytes=7 * MIB)
+    body = {"model": "gate", "inputs": x(64, 2), "layers": ["conv"]}
+    npz = client.post("/activations", json={**body, "format": "npz"})
+    assert npz.status_code == 413, npz.text
+    assert "answer 2.0 MiB" in npz.json()["detail"]
+    answer = client.post("/activations", json={**body, "format": "safetensors"})
+    assert answer.status_code == 200, answer.text
+    tensors, _ = read_binary_answer(answer.content, "safetensors")
+    assert tensors["conv:output"].shape == (2, 64, 64, 64)
 
 
 def test_an_answer_over_its_limit_is_refused_before_the_forward(make_client: ClientFactory, tmp_path: Path) -> None:
