@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -33,7 +34,7 @@ torch.set_num_threads(1)
 ClientFactory = Callable[..., TestClient]
 
 
-def wait_settled(client: TestClient, timeout: float = 120.0) -> None:
+def wait_settled(client: TestClient | httpx.Client, timeout: float = 120.0) -> None:
     """Block until no model is `loading` (ready or failed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

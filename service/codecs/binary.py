@@ -49,11 +49,6 @@ def safetensors_parts(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, An
     return [struct.pack("<Q", len(encoded)) + encoded, *chunks]
 
 
-def safetensors_bytes(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> bytes:
-    """`safetensors_parts` joined into one file."""
-    return b"".join(safetensors_parts(tensors, rest))
-
-
 def npz_bytes(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, Any]) -> bytes:
     """A NumPy .npz; the JSON answer is a 0-d unicode array named `__response__`."""
     arrays: dict[str, Any] = {k: to_numpy(v) for k, v in tensors.items()}

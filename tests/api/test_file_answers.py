@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ from service.api import responses
 from service.api.responses import PartsResponse
 from service.config import Settings
 from service.main import create_app
-from tests.conftest import read_binary_answer
+from tests.conftest import read_binary_answer, wait_settled
 from tests.helpers.serving import ResponseMessages, uvicorn_thread
 
 LENET = (
@@ -37,8 +36,7 @@ def test_a_safetensors_answer_arrives_in_pieces_with_its_length(
     inputs = [{"tensor": {"shape": [3, 32, 32], "dtype": "float32", "data": t.tolist()}} for t in x]
     body = {"model": "tiny", "inputs": inputs, "layers": ["conv1", "conv2"], "capture": "both"}
     with uvicorn_thread(recorder) as url, httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
-        while any(m["status"] == "loading" for m in client.get("/models").json()["models"]):
-            time.sleep(0.02)
+        wait_settled(client)
         recorder.bodies.clear()
         answer = client.post("/activations", json={**body, "format": "safetensors"})
         pieces = list(recorder.bodies)

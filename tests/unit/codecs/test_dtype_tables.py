@@ -22,7 +22,8 @@ from safetensors.torch import save as safetensors_save
 from safetensors.torch import save_file
 from tritonclient.utils import triton_to_np_dtype
 
-from service.codecs.binary import npy_bytes, npz_bytes, safetensors_bytes
+from service.codecs.binary import npy_bytes, npz_bytes
+from service.codecs.formats import file_format
 from service.codecs.oip import wire_dtype
 from service.codecs.oip_infer import as_array, datatype_of
 from service.dtypes import BY_TORCH
@@ -61,7 +62,7 @@ def header_codes(content: bytes) -> dict[str, str]:
 @pytest.mark.parametrize("dtype", SAFETENSORS_DTYPES, ids=str)
 def test_safetensors_answer_has_the_librarys_code_and_values(dtype: torch.dtype) -> None:
     t = sample(dtype)
-    ours = safetensors_bytes({"t": t}, {"note": "x"})
+    ours = file_format("safetensors").file_bytes({"t": t}, {"note": "x"})
     assert header_codes(ours) == header_codes(safetensors_save({"t": t}))  # the code safetensors writes
     back = safetensors_load(ours)["t"]  # and its reader agrees
     assert back.dtype == dtype
