@@ -133,6 +133,8 @@ INTROSPECTION_RATIOS: tuple[tuple[str, int, float, str], ...] = (
 )
 GRADCAM_P50 = 1.3  # issue 12: gradcam p50 at 1 client over /predict's (tensor input), at most
 BEFORE_AFTER = 1.1  # issue 12: /predict JPEG at 32 clients over today's main's in the same run, at least
+BEFORE_AFTER_NAME = "/predict JPEG, 32 clients / today's main"
+PAIRED_CONFIG = "default"  # the config bench/paired.py measures its ratios on
 
 
 def _ratio(top: float, bottom: float) -> float:
@@ -141,15 +143,56 @@ def _ratio(top: float, bottom: float) -> float:
 
 
 def introspection_targets(results: Results) -> list[Target]:
-    """Issue 12's targets, for every server config that has the points (baseline servers are the references)."""
+    """Issue 12's targets, for every server config that has the points (baseline servers are the references).
+
+    A ratio also measured in alternating windows (bench/paired.py, config `default`) is judged on those.
+    """
     targets: list[Target] = []
     for config, entry in results.get("configs", {}).items():
         if entry.get("baseline_of"):
             continue
         targets += _mixed_targets(results, config)
-        targets += _ratio_targets(results, config)
-        targets += _before_after_targets(results, config)
+        single = _ratio_targets(results, config) + _before_after_targets(results, config)
+        if config == PAIRED_CONFIG and results.get("pairs"):
+            paired = [_paired_target(pair) for pair in results["pairs"]]
+            single = [t for t in single if _stands_for(t, results["pairs"]) is None]
+            targets += paired
+        targets += single
     return [t for t in targets if not (math.isnan(t.limit) or math.isnan(t.measured))]
+
+
+def _paired_target(pair: Mapping[str, Any]) -> Target:
+    name = f"{pair['name']} [median of {len(pair['rounds'])} ABBA rounds]"
+    return Target(name, PAIRED_CONFIG, _get(pair, "ratio"), pair["bound"], "x", pair["higher_is_better"])
+
+
+def _stands_for(single: Target, pairs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The paired measurement of a single-window ratio target, if there is one."""
+    for pair in pairs:
+        if pair["name"] == single.name or (pair["bottom"]["before"] and single.name.startswith(BEFORE_AFTER_NAME)):
+            return pair
+    return None
+
+
+def paired_table(results: Results) -> str:
+    """Each paired ratio: every round's, their median, and the same ratio from the single-window points."""
+    single = {t.name: t for t in _ratio_targets(results, PAIRED_CONFIG) + _before_after_targets(results, PAIRED_CONFIG)}
+    rows = [
+        "| ratio | top / bottom per round | ratio per round | median | single windows | bound | result |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for pair in results.get("pairs", []):
+        target = _paired_target(pair)
+        apart = [t for t in single.values() if _stands_for(t, [pair]) is pair]
+        sides = ", ".join(f"{_num(r['top'])} / {_num(r['bottom'])}" for r in pair["rounds"])
+        ratios = ", ".join(_num(r["ratio"], 3) for r in pair["rounds"])
+        unit = "images/s" if pair["stat"] == "images_per_s" else "p50 ms"
+        sign = ">=" if pair["higher_is_better"] else "<="
+        rows.append(
+            f"| {pair['name']} | {sides} ({unit}) | {ratios} | {_num(target.measured, 3)} | "
+            f"{_num(apart[0].measured, 3) if apart else 'n/a'} | {sign} {_num(target.limit, 2)} | {target.verdict} |"
+        )
+    return "\n".join(rows)
 
 
 def _mixed_targets(results: Results, config: str) -> list[Target]:
@@ -187,7 +230,7 @@ def _before_after_targets(results: Results, config: str) -> list[Target]:
     got = _get(_point(results, config, PREDICT_JPEG, 32), "result", "images_per_s")
     for before, entry in _baselines_of(results, config):
         reference = _get(_point(results, before, PREDICT_JPEG, 32), "result", "images_per_s")
-        name = f"/predict JPEG, 32 clients / today's main ({entry.get('ref', before)}) in the same run"
+        name = f"{BEFORE_AFTER_NAME} ({entry.get('ref', before)}) in the same run"
         targets.append(Target(name, config, _ratio(got, reference), BEFORE_AFTER, "x", True))
     return targets
 
@@ -259,6 +302,18 @@ def introspection_sections(results: Results) -> list[str]:
     if targets:
         passed = sum(t.ok is True for t in targets)
         parts += [f"## Targets (issue 12): {passed} of {len(targets)} pass", "", targets_table(targets), ""]
+    if results.get("pairs"):
+        parts += [
+            "## Issue 12's ratios in alternating windows",
+            "",
+            paired_table(results),
+            "",
+            "Both sides of each ratio measured in turn on the `default` server (and today's main's, up beside it), "
+            "top first in even rounds and bottom first in odd ones (ABBA), so that the machine's drift over minutes "
+            "falls on both; the targets above judge these medians. `single windows` is the same ratio from the "
+            "points below, measured minutes apart.",
+            "",
+        ]
     if results.get("mixes"):
         parts += [
             "## Mixed load (issue 12)",

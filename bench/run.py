@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import httpx
 
 from bench import baseline as main_before
-from bench import cluster, features, gpu, raw_torch
+from bench import cluster, features, gpu, paired, raw_torch
 from bench.configs import BASELINE_POINTS, DEFAULT, SETUPS, Mix, Setup
 from bench.loadgen import CLIENTS, Client, LoadResult, MixResult, format_mix, format_result, measure, measure_mix
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
@@ -314,6 +314,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--skip-baseline", action="store_true", help="no second server from --baseline-ref")
     ap.add_argument(
+        "--paired-rounds",
+        type=int,
+        default=3,
+        help="ABBA rounds of each issue-12 ratio in alternating windows (bench/paired.py; 0 skips them; default 3)",
+    )
+    ap.add_argument("--paired-window", type=float, default=8.0, help="seconds of each paired window (default 8)")
+    ap.add_argument(
         "--client",
         choices=CLIENTS,
         default="wire",
@@ -331,6 +338,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.mixed_duration = min(args.mixed_duration or 3.0, 3.0)
         args.features_images = min(args.features_images, 64)
         args.idle_wait = min(args.idle_wait, 10.0)
+        args.paired_rounds, args.paired_window = min(args.paired_rounds, 1), min(args.paired_window, 3.0)
     if args.out is None and not args.quick:
         args.out = HERE / ("RESULTS_GPU.md" if args.gpu else "RESULTS.md")
     if args.json is None and args.out is not None:
@@ -381,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "raw": {},
         "points": [],
         "mixes": [],
+        "pairs": [],
         "notes": args.notes.read_text() if args.notes is not None else "",
     }
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-") as tmp:
@@ -397,6 +406,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 results["configs"][name] = entry
                 results["points"] += points
+            if setup is DEFAULT and args.paired_rounds > 0:
+                log(f"issue 12's ratios in {args.paired_rounds} ABBA rounds of {args.paired_window:g} s windows")
+                results["pairs"] = paired.measure_pairs(
+                    inputs,
+                    conv_layers,
+                    Path(tmp),
+                    log,
+                    rounds=args.paired_rounds,
+                    window_s=args.paired_window,
+                    idle_wait_s=plan.idle_wait_s,
+                    baseline_ref=None if args.skip_baseline else args.baseline_ref,
+                    client=plan.client,
+                )
         if not args.skip_cluster:
             results["cluster"] = cluster.run(
                 Path(tmp),
