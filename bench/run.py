@@ -37,6 +37,7 @@ from bench.report import (
     evaluate_targets,
     introspection_targets,
     mixed_table,
+    paired_table,
     render_markdown,
     targets_table,
 )
@@ -440,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(targets_table(evaluate_targets(results)))
     print()
     print(targets_table(introspection_targets(results)))
+    print()
+    print(paired_table(results))
     print()
     print(mixed_table(results))
     print()
