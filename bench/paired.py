@@ -12,7 +12,7 @@ and idle while the other is measured.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,6 +22,7 @@ from bench import baseline as main_before
 from bench.configs import DEFAULT
 from bench.loadgen import Client, LoadResult, measure
 from bench.machine import wait_idle
+from bench.report import BEFORE_AFTER, BEFORE_AFTER_NAME, GRADCAM_P50, GRADCAM_P50_NAME, INTROSPECTION_RATIOS
 from bench.server import Server, free_port
 from bench.workload import Inputs, Kind, build_payloads
 
@@ -54,55 +55,30 @@ class Pair:
     higher_is_better: bool
 
 
+CPU_CLIENTS = 8  # the CPU ratios of INTROSPECTION_RATIOS (its 64-client one is the GPU's, bench/gpu.py)
+
+# issue 12's ratio targets as bench.report names and bounds them, so that a paired median replaces its twin
 ISSUE_12_PAIRS: tuple[Pair, ...] = (
-    Pair(
-        "/activations layer4 reduced, 8 clients / /predict, 8 clients (JPEG)",
-        Side(Kind.ACTIVATIONS_L4_JPEG, 8),
-        Side(Kind.PREDICT_JPEG_MULTIPART, 8),
-        "images_per_s",
-        0.9,
-        True,
+    *(
+        Pair(name, Side(Kind(kind), clients), Side(Kind.PREDICT_JPEG_MULTIPART, clients), "images_per_s", bound, True)
+        for kind, clients, bound, name in INTROSPECTION_RATIOS
+        if clients == CPU_CLIENTS
     ),
+    Pair(GRADCAM_P50_NAME, Side(Kind.SALIENCY_GRADCAM, 1), Side(Kind.PREDICT_TENSOR, 1), "p50", GRADCAM_P50, False),
     Pair(
-        "/activations every Conv2d safetensors, 8 clients / /predict (JPEG)",
-        Side(Kind.ACTIVATIONS_ALLCONV_ST_JPEG, 8),
-        Side(Kind.PREDICT_JPEG_MULTIPART, 8),
-        "images_per_s",
-        0.7,
-        True,
-    ),
-    Pair(
-        "/saliency gradcam, 8 clients / /predict, 8 clients (JPEG)",
-        Side(Kind.SALIENCY_GRADCAM_JPEG, 8),
-        Side(Kind.PREDICT_JPEG_MULTIPART, 8),
-        "images_per_s",
-        0.7,
-        True,
-    ),
-    Pair(
-        "/saliency gradcam p50 / /predict p50, 1 client (tensor input)",
-        Side(Kind.SALIENCY_GRADCAM, 1),
-        Side(Kind.PREDICT_TENSOR, 1),
-        "p50",
-        1.3,
-        False,
-    ),
-    Pair(
-        "/predict JPEG, 32 clients / today's main in the same run",
+        f"{BEFORE_AFTER_NAME} in the same run",
         Side(Kind.PREDICT_JPEG_MULTIPART, 32),
         Side(Kind.PREDICT_JPEG_MULTIPART, 32, before=True),
         "images_per_s",
-        1.1,
+        BEFORE_AFTER,
         True,
     ),
 )
 
 
-def stat_of(result: LoadResult | Mapping[str, Any], stat: Stat) -> float:
+def stat_of(result: LoadResult, stat: Stat) -> float:
     """images/s or p50 latency (ms) of one window."""
-    data = result.to_dict() if isinstance(result, LoadResult) else result
-    value = data["images_per_s"] if stat == "images_per_s" else data["lat_ms"]["p50"]
-    return float(value)
+    return result.images_per_s if stat == "images_per_s" else result.lat_ms["p50"]
 
 
 def ratio(top: float, bottom: float) -> float:

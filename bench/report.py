@@ -132,6 +132,7 @@ INTROSPECTION_RATIOS: tuple[tuple[str, int, float, str], ...] = (
     ("activations-layer4-mean-jpeg", 64, 0.7, "/activations layer4 reduced, 64 clients / /predict, 64 clients"),
 )
 GRADCAM_P50 = 1.3  # issue 12: gradcam p50 at 1 client over /predict's (tensor input), at most
+GRADCAM_P50_NAME = "/saliency gradcam p50 / /predict p50, 1 client (tensor input)"
 BEFORE_AFTER = 1.1  # issue 12: /predict JPEG at 32 clients over today's main's in the same run, at least
 BEFORE_AFTER_NAME = "/predict JPEG, 32 clients / today's main"
 PAIRED_CONFIG = "default"  # the config bench/paired.py measures its ratios on
@@ -219,8 +220,7 @@ def _ratio_targets(results: Results, config: str) -> list[Target]:
         targets.append(Target(name, config, _ratio(got, reference), bound, "x", True))
     gradcam = _get(_point(results, config, "saliency-gradcam", 1), "result", "lat_ms", "p50")
     predict = _get(_point(results, config, "predict-tensor", 1), "result", "lat_ms", "p50")
-    name = "/saliency gradcam p50 / /predict p50, 1 client (tensor input)"
-    targets.append(Target(name, config, _ratio(gradcam, predict), GRADCAM_P50, "x", False))
+    targets.append(Target(GRADCAM_P50_NAME, config, _ratio(gradcam, predict), GRADCAM_P50, "x", False))
     return targets
 
 
