@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.machine import CpuMeter
+from bench.machine import ROLE_ORDER, CpuMeter
 from bench.payloads import Payload, b64, json_payload, multipart_payload
 from bench.stats import latency_summary
 from bench.wire import Connection, WireError, build_request
@@ -85,6 +85,8 @@ class LoadResult:
     sample: str = ""
     first_error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # the server's CPU ms per request completed in the window (all kinds of a mix), by thread role (bench.machine)
+    server_cpu_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -317,6 +319,8 @@ async def measure_mix_async(
         after = counters() if counters is not None else {}
     server = cpu.watched_cores.get(server_pid, float("nan")) if server_pid is not None else float("nan")
     extra = {k: after[k] - before[k] for k in after if k in before}
+    completed = sum(len(phase.lat_ms) for phase in phases)
+    per_request = {role: 1000.0 * s / completed for role, s in cpu.roles_s.items()} if completed else {}
     parts = []
     for payload, n, phase in zip(payloads, shares, phases, strict=True):
         part = summarize(
@@ -329,6 +333,7 @@ async def measure_mix_async(
             server_cores=server,
         )
         part.extra = dict(extra)
+        part.server_cpu_ms = dict(per_request)
         parts.append(part)
     return MixResult(concurrency, cpu.wall_s, parts, extra)
 
@@ -386,7 +391,14 @@ def format_result(r: LoadResult) -> str:
         f"p50={lm['p50']:7.1f} p95={lm['p95']:7.1f} p99={lm['p99']:7.1f} ms  "
         f"loadgen={r.loadgen_cores:.2f} cores ({r.loadgen_cpu_ms_per_req:.2f} ms CPU/req) "
         f"server={r.server_cores:.2f} other={r.other_cores:.2f} busy={r.machine_cores:.2f}"
+        + (f"  server CPU ms/req: {format_roles(r.server_cpu_ms)}" if r.server_cpu_ms else "")
     )
+
+
+def format_roles(ms: dict[str, float]) -> str:
+    """`model 61.2, decode 5.0, event loop 2.1, other 0.4`: roles in a fixed order, then any others."""
+    order = [role for role in ROLE_ORDER if role in ms] + sorted(set(ms) - set(ROLE_ORDER))
+    return ", ".join(f"{role} {ms[role]:.1f}" for role in order)
 
 
 def format_mix(r: MixResult) -> str:

@@ -13,11 +13,13 @@ import platform
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import psutil
+
+from service.runtime import os_threads
 
 QUIET_CORES = 0.10  # the machine counts as idle below this many busy cores over one window
 NOISY_CORES = 0.12  # CPU used by others during a point above this flags the point as noisy
@@ -44,6 +46,49 @@ def process_cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
     return out
 
 
+# What the server's threads do, by the name each gives itself (service.runtime.os_threads); the main thread
+# runs the event loop, and any other thread (the threadpool of sync routes, torch's own) counts as "other".
+ROLES = (
+    (os_threads.RUN, "model"),
+    (os_threads.WIDE, "model"),
+    (os_threads.DECODE, "decode"),
+    (os_threads.LOAD, "other"),
+    (os_threads.TRIM, "other"),
+)
+EVENT_LOOP = "event loop"
+ROLE_ORDER = ("model", "decode", EVENT_LOOP, "other")
+
+
+def thread_role(name: str, is_main: bool) -> str:
+    if is_main:
+        return EVENT_LOOP
+    return next((role for prefix, role in ROLES if name.startswith(prefix)), "other")
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process's live threads, summed by role (`thread_role`); {} off Linux.
+
+    A thread that ended meanwhile takes its time with it, so compare two readings only of a process whose
+    threads live on (the server's do)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended between listing and reading
+            continue
+        role = thread_role(name, tid == str(pid))
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
 @dataclass(frozen=True)
 class CpuWindow:
     """CPU use of one measured window, in cores (CPU seconds per wall second)."""
@@ -52,6 +97,7 @@ class CpuWindow:
     machine_cores: float
     self_cores: float
     watched_cores: dict[int, float]
+    roles_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of the first watched process, by role
 
     @property
     def other_cores(self) -> float:
@@ -67,9 +113,11 @@ class CpuMeter:
         self.watch = list(watch)
         self._t0 = self._busy0 = self._self0 = 0.0
         self._w0: dict[int, float] = {}
+        self._roles0: dict[str, float] = {}
 
     def start(self) -> None:
         self._w0 = process_cpu_seconds(self.watch)
+        self._roles0 = thread_cpu_seconds(self.watch[0]) if self.watch else {}
         self._self0 = time.process_time()
         self._busy0 = busy_seconds()
         self._t0 = time.perf_counter()
@@ -79,9 +127,11 @@ class CpuMeter:
         busy = busy_seconds() - self._busy0
         mine = time.process_time() - self._self0
         w1 = process_cpu_seconds(self.watch)
+        roles1 = thread_cpu_seconds(self.watch[0]) if self.watch else {}
+        roles = {role: max(0.0, s - self._roles0.get(role, 0.0)) for role, s in roles1.items()}
         span = wall if wall > 0 else float("nan")
         watched = {p: (w1[p] - self._w0[p]) / span for p in self.watch}
-        return CpuWindow(wall, busy / span, mine / span, watched)
+        return CpuWindow(wall, busy / span, mine / span, watched, roles)
 
 
 def wait_idle(

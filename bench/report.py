@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.features_report import section as features_section
+from bench.loadgen import format_roles
 from bench.machine import NOISY_CORES
 
 Results = Mapping[str, Any]
@@ -398,8 +399,8 @@ def batches(extra: Mapping[str, float]) -> tuple[int, float]:
 def cpu_table(results: Results) -> str:
     rows = [
         "| config | request | clients | server cores | load generator cores | loadgen CPU ms/request | "
-        "machine busy cores | other cores | batches | mean batch | attempt |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "machine busy cores | other cores | batches | mean batch | server CPU ms/request by thread | attempt |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for p in results.get("points", []):
         r = p["result"]
@@ -409,7 +410,8 @@ def cpu_table(results: Results) -> str:
             f"| {p['config']} | {p['label']} | {p['concurrency']} | {_num(r['server_cores'], 2)} | "
             f"{_num(r['loadgen_cores'], 2)} | {_num(r['loadgen_cpu_ms_per_req'], 2)} | "
             f"{_num(r['machine_cores'], 2)} | {_num(r['other_cores'], 2)}{noisy} | {count or '-'} | "
-            f"{_num(mean, 2) if count else '-'} | {p.get('attempt', 1)} |"
+            f"{_num(mean, 2) if count else '-'} | {format_roles(r.get('server_cpu_ms', {})) or '-'} | "
+            f"{p.get('attempt', 1)} |"
         )
     return "\n".join(rows)
 
@@ -479,7 +481,11 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         f"above {NOISY_CORES} cores a point is flagged noisy and redone up to `--retries` times, keeping the "
         "quietest attempt. `batches` and `mean batch`: the server's batches during the window, prediction "
         "batches for /predict rows (`hookserve_batch_size` in /metrics) and hooked batches for introspection rows "
-        "(`hookserve_hooked_batch_size`).",
+        "(`hookserve_hooked_batch_size`). `server CPU ms/request by thread`: the server's CPU time per completed "
+        "request, split by what its threads do (they name themselves, `service/runtime/os_threads.py`): `model` the "
+        "executor and wide threads (forwards, hooks, captures, with torch's intra-op workers), `decode` the decode "
+        "pool, `event loop` the main thread (HTTP, routes, sending answers), `other` the rest (the threadpool "
+        "of sync code, loads).",
     ]
     parts += features_section(results)
     notes = results.get("notes")

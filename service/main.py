@@ -41,7 +41,7 @@ from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.runtime.fleet import Fleet
-from service.runtime.threads import pin_torch_threads
+from service.runtime.threads import start_decode_thread
 from service.specs.model import load_specs
 
 log = logging.getLogger("hookserve")
@@ -90,8 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pool = ThreadPoolExecutor(
             max_workers=max(1, settings.decode_threads),
             thread_name_prefix="hookserve-decode",
-            initializer=pin_torch_threads,  # only the wide runner may use several torch threads
-            initargs=(1,),
+            initializer=start_decode_thread,
         )
         state = AppState(settings=settings, fleet=fleet, plane=DataPlane(settings, fleet, pool))
         app.state.hookserve = state

@@ -15,6 +15,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from service.runtime.os_threads import TRIM, name_os_thread
+
 log = logging.getLogger("hookserve.memory")
 
 
@@ -58,6 +60,7 @@ class MemoryReturner:
         return True
 
     def _run(self) -> None:
+        name_os_thread(TRIM)
         assert self._trim is not None
         try:
             self._trim(0)

@@ -28,6 +28,7 @@ from service.introspection.hooks import HookScope
 from service.registry.lanes import hook_lanes
 from service.registry.loaded import LoadedModel
 from service.runtime.jobs import JobKind
+from service.runtime.os_threads import executor_name, name_os_thread
 from service.runtime.runners.base import Runner
 from service.runtime.runners.predict import PREDICT
 from service.runtime.scheduler import Access, Batch, Job, Scheduler
@@ -126,7 +127,7 @@ class ModelExecutor:
         self._running_lock = threading.Lock()
         self._on_job = on_job
         self._threads = [
-            threading.Thread(target=self._work, name=f"hookserve-{model.name}-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(i,), name=f"hookserve-{model.name}-{i}", daemon=True)
             for i in range(max(1, config.threads))
         ]
         for thread in self._threads:
@@ -237,7 +238,8 @@ class ModelExecutor:
         """Only this batch runs and nothing waits for this model: it may use every core."""
         return self._running == 1 and self._scheduler.quiet
 
-    def _work(self) -> None:
+    def _work(self, index: int) -> None:
+        name_os_thread(executor_name(self.model.name, index))
         pin_torch_threads(1)
         while self._work_once():
             pass

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from service.errors import ModelLoadError
+from service.runtime.os_threads import load_name, name_os_thread
 from service.runtime.threads import pin_torch_threads
 
 T = TypeVar("T")
@@ -86,6 +87,7 @@ class Loads:
         load: Load[T] = Load(name, loop.create_future(), self)
 
         def run() -> None:
+            name_os_thread(load_name(name))
             pin_torch_threads(1)  # loads run beside the executors: never more than one intra-op thread
             outcome: tuple[T | None, BaseException | None]
             try:

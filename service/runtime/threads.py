@@ -23,7 +23,15 @@ from typing import Any, TypeVar
 
 import torch
 
+from service.runtime.os_threads import DECODE, WIDE, name_os_thread
+
 T = TypeVar("T")
+
+
+def start_decode_thread() -> None:
+    """A decode pool thread's start: named, and one intra-op thread (only the wide runner takes several)."""
+    name_os_thread(DECODE)
+    pin_torch_threads(1)
 
 
 def pin_torch_threads(count: int) -> None:
@@ -59,6 +67,7 @@ class WideRunner:
         self._thread.join(5)
 
     def _serve(self, ready: threading.Event) -> None:
+        name_os_thread(WIDE)  # before torch starts its OpenMP workers, which take the name of the thread they serve
         pin_torch_threads(self.threads)
         ready.set()
         while self._serve_one():

@@ -257,7 +257,12 @@ def _fake_results() -> dict[str, Any]:
             "attempt": 1,
             "result": _load(ips, p50, c, other=0.5 if kind == "lenet-predict" else 0.01)
             | (
-                {"extra": {"resnet18.batches": 10.0, "resnet18.samples": 75.0, "lenet.batches": 0.0}} if c == 32 else {}
+                {
+                    "extra": {"resnet18.batches": 10.0, "resnet18.samples": 75.0, "lenet.batches": 0.0},
+                    "server_cpu_ms": {"other": 0.04, "event loop": 3.7, "model": 58.8, "decode": 5.1},
+                }
+                if c == 32
+                else {}
             ),
         }
         for kind, c, ips, p50, base in pts
@@ -333,8 +338,9 @@ def test_report_tables_on_fake_numbers() -> None:
     assert "| n/a | n/a | n/a |" in table  # lenet: no raw row in these fake results
     cpu = cpu_table(results)
     assert "0.50 (noisy)" in cpu
-    assert "| 10 | 7.50 | 1 |" in cpu  # 75 samples in 10 batches at 32 clients
-    assert "| - | - | 1 |" in cpu  # no batch metrics for the others
+    # 75 samples in 10 batches at 32 clients, and where the server's CPU went, roles in a fixed order
+    assert "| 10 | 7.50 | model 58.8, decode 5.1, event loop 3.7, other 0.0 | 1 |" in cpu
+    assert "| - | - | - | 1 |" in cpu  # no batch metrics or thread split for the others (older results)
     md = render_markdown(results)
     assert md.startswith("# hookserve benchmark\n")
     assert "## Targets (issue 5): 4 of 8 pass" in md
