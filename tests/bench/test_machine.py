@@ -30,8 +30,8 @@ def test_each_thread_name_has_its_role(name: str, is_main: bool, role: str) -> N
     assert thread_role(name, is_main) == role
 
 
-def spin_as(name: str, cpu_s: float) -> threading.Thread:
-    """A thread that names itself `name`, burns `cpu_s` of CPU, then waits (alive) until the test ends."""
+def spin_as(name: str, cpu_s: float, stop: threading.Event) -> None:
+    """A thread that names itself `name`, burns `cpu_s` of CPU, then stays alive (its time counted) until `stop`."""
     done = threading.Event()
 
     def run() -> None:
@@ -42,23 +42,19 @@ def spin_as(name: str, cpu_s: float) -> threading.Thread:
         done.set()
         stop.wait()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    threading.Thread(target=run, daemon=True).start()
     assert done.wait(30)
-    return thread
-
-
-stop = threading.Event()
 
 
 @linux_only
 def test_cpu_is_summed_by_role_and_the_meter_reports_the_window() -> None:
+    stop = threading.Event()
     meter = CpuMeter([os.getpid()])
     meter.start()
     before = thread_cpu_seconds(os.getpid())
     try:
-        spin_as(executor_name("m", 0), 0.3)
-        spin_as("hs-decode", 0.1)
+        spin_as(executor_name("m", 0), 0.3, stop)
+        spin_as("hs-decode", 0.1, stop)
         after = thread_cpu_seconds(os.getpid())
         window = meter.stop()
     finally:
