@@ -87,4 +87,13 @@ ONE_EXECUTOR = Setup(
         (Kind.SALIENCY_GRADCAM, 1),
     ),
 )
-SETUPS: dict[str, Setup] = {s.config.name: s for s in (DEFAULT, ONE_THREAD, ONE_EXECUTOR)}
+# the prediction path without ONNX Runtime: what issue 12's ratios would divide by on the torch path
+TORCH_PATH = Setup(
+    ServerConfig(
+        "torch-path",
+        "the default settings with HOOKSERVE_ONNXRUNTIME=false: predictions on the BatchNorm-folded torch copy",
+        {**_threads(CORES, CORES), "HOOKSERVE_ONNXRUNTIME": "false"},
+    ),
+    ((Kind.PREDICT_TENSOR, 1), (Kind.PREDICT_JPEG_MULTIPART, 8), (Kind.PREDICT_JPEG_MULTIPART, 32)),
+)
+SETUPS: dict[str, Setup] = {s.config.name: s for s in (DEFAULT, TORCH_PATH, ONE_THREAD, ONE_EXECUTOR)}

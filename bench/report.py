@@ -245,6 +245,42 @@ def _baselines_of(results: Results, config: str) -> list[tuple[str, Mapping[str,
     return [(name, entry) for name, entry in configs.items() if entry.get("baseline_of") == config]
 
 
+TORCH_PATH_CONFIG = "torch-path"  # bench.configs.TORCH_PATH: the default settings without ONNX Runtime
+
+
+def torch_path_table(results: Results) -> str:
+    """/predict on both paths, and issue 12's CPU ratios with either path's /predict as the reference."""
+    rows = ["| measure | ONNX Runtime path | torch path | ratio |", "|---|---:|---:|---:|"]
+    predict_points = (
+        ("predict-tensor", 1, "p50"),
+        (PREDICT_JPEG, 8, "images_per_s"),
+        (PREDICT_JPEG, 32, "images_per_s"),
+    )
+    for kind, clients, stat in predict_points:
+        path = ("result", "lat_ms", "p50") if stat == "p50" else ("result", "images_per_s")
+        ort = _get(_point(results, PAIRED_CONFIG, kind, clients), *path)
+        torch_path = _get(_point(results, TORCH_PATH_CONFIG, kind, clients), *path)
+        unit = "p50 ms" if stat == "p50" else "images/s"
+        rows.append(
+            f"| /predict {kind}, {clients} clients ({unit}) | {_num(ort)} | {_num(torch_path)} | "
+            f"{_num(_ratio(ort, torch_path), 3)} |"
+        )
+    for kind, clients, bound, name in INTROSPECTION_RATIOS:
+        got = _get(_point(results, PAIRED_CONFIG, kind, clients), "result", "images_per_s")
+        ort = _get(_point(results, PAIRED_CONFIG, PREDICT_JPEG, clients), "result", "images_per_s")
+        torch_path = _get(_point(results, TORCH_PATH_CONFIG, PREDICT_JPEG, clients), "result", "images_per_s")
+        if not math.isnan(got):
+            rows.append(f"| {name} (>= {bound}) | {_num(_ratio(got, ort), 3)} | {_num(_ratio(got, torch_path), 3)} | |")
+    gradcam = _get(_point(results, PAIRED_CONFIG, "saliency-gradcam", 1), "result", "lat_ms", "p50")
+    ort = _get(_point(results, PAIRED_CONFIG, "predict-tensor", 1), "result", "lat_ms", "p50")
+    torch_path = _get(_point(results, TORCH_PATH_CONFIG, "predict-tensor", 1), "result", "lat_ms", "p50")
+    rows.append(
+        f"| {GRADCAM_P50_NAME} (<= {GRADCAM_P50}) | {_num(_ratio(gradcam, ort), 3)} | "
+        f"{_num(_ratio(gradcam, torch_path), 3)} | |"
+    )
+    return "\n".join(rows)
+
+
 def mixed_table(results: Results) -> str:
     """Per kind of each mixed point: completions, share, requests/s and latency, all from one window."""
     rows = [
@@ -323,6 +359,17 @@ def introspection_sections(results: Results) -> list[str]:
             "",
             "Closed-loop clients assigned to the kinds round-robin, all measured over the same window; `share` is "
             "the kind's fraction of all completions, `max / p50` its worst latency over its own median.",
+            "",
+        ]
+    if TORCH_PATH_CONFIG in results.get("configs", {}):
+        parts += [
+            "## ONNX Runtime's prediction path against the torch path (issue 12)",
+            "",
+            torch_path_table(results),
+            "",
+            f"`{TORCH_PATH_CONFIG}` is `{PAIRED_CONFIG}` with `HOOKSERVE_ONNXRUNTIME=false`: its predictions run on "
+            "the BatchNorm-folded torch copy, as on main before ONNX Runtime; hooked requests run the same either way. "
+            "Single windows, minutes apart.",
             "",
         ]
     if any(c.get("baseline_of") for c in results.get("configs", {}).values()):

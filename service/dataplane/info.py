@@ -49,6 +49,7 @@ def _fields(entry: Entry) -> dict[str, object]:
             "optimizer": type(model.optimizer).__name__ if model.optimizer is not None else None,
             "hooks": sum(count_hooks(m) for m in model.hookable_modules),
             "prediction_path": model.prediction_path,
+            "prediction_path_reason": model.prediction_path_reason or None,
             "hook_lanes": len(model.lanes),
         }
     return fields

@@ -8,8 +8,8 @@ from typing import Any
 from service.dataplane.base import PlaneBase
 from service.errors import InvalidField
 from service.introspection.nodes import NodeGraph, Untraceable, trace_nodes
-from service.registry.fast_path import Placement
 from service.registry.loaded import LoadedModel
+from service.registry.probes import Placement
 from service.runtime.fleet import ServedModel
 
 

@@ -1,10 +1,13 @@
 """The prediction path: a copy of the model that plain predictions run on, apart from the module hooks see.
 
-With `fuse` (the default), BatchNorm layers are folded into the convolutions (and linear
-layers) before them in an FX-traced copy: one fewer pass over every feature map per layer.
+A float32 CPU model runs its predictions on ONNX Runtime (`onnxruntime`, on by default; see
+`onnx_path`) when its graph exports and agrees with the model; the torch copy below then
+serves only inputs of another shape. With `fuse` (the default), BatchNorm layers are folded
+into the convolutions (and linear layers) before them in an FX-traced copy: one fewer pass
+over every feature map per layer.
 The copy is kept only when something was folded and its outputs on a seeded random batch stay
 within 1e-4 of the model's; otherwise predictions run on the model itself. With `compile`, the
-copy (fused or plain) is `torch.compile`d. The served module is never changed: `/layers`,
+copy (fused or plain) is `torch.compile`d, and ONNX Runtime is not tried. The served module is never changed: `/layers`,
 summaries and every hooked request see it as configured, and no hook ever fires for a prediction.
 """
 
@@ -21,45 +24,49 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from service.errors import first_line
 from service.introspection.fx_tracing import symbolic_trace
+from service.registry.onnx_path import onnxruntime_copy
+from service.registry.probes import TOLERANCE, Placement, same_outputs
 from service.specs.model import ModelSpec
 
 COMPILE_BACKEND = "inductor"
-TOLERANCE = 1e-4
 log = logging.getLogger("hookserve.loader")
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where and how the model runs: a probe batch is built to match."""
+class PathDefaults:
+    """What the server decides for the prediction paths of the models it loads."""
 
-    input_size: list[int]
-    device: torch.device
-    dtype: torch.dtype
-    nhwc: bool  # channels_last
+    onnxruntime: bool = True  # for models whose config leaves `onnxruntime` unset
+    wide_threads: int = 1  # intra-op threads of a job that runs alone (Settings.torch_threads)
 
-    def probe(self, batch: int) -> torch.Tensor:
-        """A seeded random batch of the model's input size, dtype, device and memory format."""
-        x = torch.randn((batch, *self.input_size), generator=torch.Generator().manual_seed(0))
-        x = x.to(device=self.device, dtype=self.dtype)
-        return x.contiguous(memory_format=torch.channels_last) if self.nhwc and x.ndim == 4 else x
+
+DEFAULT_PATHS = PathDefaults()
 
 
 @dataclass(frozen=True)
 class PredictionPath:
     module: nn.Module | None  # None: predictions run on the served module
-    name: str  # "fused", "compiled", "fused+compiled" or "eager"
-    reason: str = ""  # why there is no fused copy, when there is none
+    name: str  # "onnxruntime", "fused", "compiled", "fused+compiled" or "eager"
+    reason: str = ""  # why there is no faster copy, when there is none
 
 
-def prediction_path(spec: ModelSpec, module: nn.Module, placement: Placement) -> PredictionPath:
+def prediction_path(
+    spec: ModelSpec, module: nn.Module, placement: Placement, defaults: PathDefaults = DEFAULT_PATHS
+) -> PredictionPath:
     """Build the model's prediction path (see the module docstring)."""
     fused, reason = fused_copy(module, placement) if spec.fuse else (None, "fuse = false")
     if spec.compile:
         base = fused if fused is not None else copy.deepcopy(module)
         compiled = compile_module(base, placement)
         return PredictionPath(compiled, "fused+compiled" if fused is not None else "compiled", reason)
+    if spec.onnxruntime if spec.onnxruntime is not None else defaults.onnxruntime:
+        runtime, why = onnxruntime_copy(module, placement, fused, defaults.wide_threads)
+        if runtime is not None:
+            return PredictionPath(runtime, "onnxruntime")
+        log.info("prediction path: not ONNX Runtime, as %s", why)
+        reason = f"{reason}; not ONNX Runtime: {why}" if reason else f"not ONNX Runtime: {why}"
     if fused is not None:
-        return PredictionPath(fused, "fused")
+        return PredictionPath(fused, "fused", reason)
     return PredictionPath(None, "eager", reason)
 
 
@@ -80,7 +87,7 @@ def fused_copy(module: nn.Module, placement: Placement) -> tuple[nn.Module | Non
     fused.eval()
     if placement.nhwc:
         fused.to(memory_format=torch.channels_last)
-    if not _same_outputs(module, fused, placement):
+    if not same_outputs(module, fused, placement.probe(2)):
         return None, f"the folded copy's outputs differ by more than {TOLERANCE:g}"
     log.info("prediction path: %d of %d BatchNorm layers folded", norms - left, norms)
     return fused, ""
@@ -92,23 +99,3 @@ def compile_module(module: nn.Module, placement: Placement) -> nn.Module:
     with torch.inference_mode():
         compiled(placement.probe(1))
     return compiled
-
-
-def _same_outputs(module: nn.Module, other: nn.Module, placement: Placement) -> bool:
-    x = placement.probe(2)
-    with torch.inference_mode():
-        want, got = _tensors(module(x)), _tensors(other(x))
-    return len(want) == len(got) and all(
-        w.shape == g.shape and torch.allclose(g.float(), w.float(), rtol=TOLERANCE, atol=TOLERANCE)
-        for w, g in zip(want, got, strict=True)
-    )
-
-
-def _tensors(output: object) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, dict):
-        return [t for v in output.values() for t in _tensors(v)]
-    if isinstance(output, (list, tuple)):
-        return [t for v in output for t in _tensors(v)]
-    return []

@@ -33,7 +33,8 @@ class LoadedModel:
     layer_shapes: LayerShapes = field(default_factory=LayerShapes, repr=False)  # at input_size: costs of requests
     channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
     fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
-    prediction_path: str = "eager"  # what `fast` is: "fused", "compiled", "fused+compiled"; "eager" when None
+    prediction_path: str = "eager"  # what `fast` is (fast_path.PredictionPath.name); "eager" when None
+    prediction_path_reason: str = ""  # why not a faster path, when not
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
     lanes: tuple[nn.Module, ...] = field(default=(), repr=False)  # copies hooked batches run on (lanes.py)

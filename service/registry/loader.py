@@ -15,11 +15,12 @@ from service.errors import HookserveError, ModelLoadError, first_line, scrub_pat
 from service.introspection.layers import module_names
 from service.introspection.shapes import probe_shapes
 from service.registry.devices import pick_device
-from service.registry.fast_path import Placement, prediction_path
+from service.registry.fast_path import DEFAULT_PATHS, PathDefaults, prediction_path
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
 from service.registry.optimizers import build_optimizer
 from service.registry.paths import resolve_under
+from service.registry.probes import Placement
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
 from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
@@ -28,10 +29,16 @@ IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
 log = logging.getLogger("hookserve.loader")
 
 
-def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
+def load_model(
+    spec: ModelSpec,
+    model_dir: Path,
+    default_device: str,
+    allow_downloads: bool,
+    path_defaults: PathDefaults = DEFAULT_PATHS,
+) -> LoadedModel:
     """Build and place one model. Raises ModelLoadError with a message fit for INFO `error`."""
     try:
-        return _load(spec, model_dir, default_device, allow_downloads)
+        return _load(spec, model_dir, default_device, allow_downloads, path_defaults)
     except ModelLoadError as exc:
         raise ModelLoadError(scrub_paths(str(exc))) from None
     except HookserveError as exc:
@@ -41,7 +48,9 @@ def load_model(spec: ModelSpec, model_dir: Path, default_device: str, allow_down
         raise ModelLoadError(scrub_paths(f"{type(exc).__name__}: {message}")) from None  # no server paths in INFO
 
 
-def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool) -> LoadedModel:
+def _load(
+    spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads: bool, path_defaults: PathDefaults
+) -> LoadedModel:
     device = pick_device(spec.device or default_device)
     dtype = BY_NAME[spec.dtype.value].torch
     module = build_module(spec, model_dir, allow_downloads)
@@ -76,7 +85,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
     placement = Placement(input_size, device, dtype, channels_last)
     shapes = probe_shapes(module, placement.probe(1), module)
-    path = prediction_path(spec, module, placement)
+    path = prediction_path(spec, module, placement, path_defaults)
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -96,6 +105,7 @@ def _load(spec: ModelSpec, model_dir: Path, default_device: str, allow_downloads
         layer_shapes=shapes,
         fast=path.module,
         prediction_path=path.name,
+        prediction_path_reason=path.reason,
         channels_last=channels_last,
     )
 

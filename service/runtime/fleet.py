@@ -18,6 +18,7 @@ from pathlib import Path
 
 from service.config import Settings
 from service.errors import Conflict, ModelLoadError, NotFound
+from service.registry.fast_path import PathDefaults
 from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
 from service.runtime.executor import ExecutorConfig, JobObserver, ModelExecutor, release_device_memory
@@ -120,7 +121,10 @@ class Fleet:
         self.retired.pop(spec.name, None)
         s = self.settings
         where = root or s.model_dir
-        entry.load = self._loads.start(spec.name, lambda: load_model(spec, where, s.device, s.allow_downloads))
+        defaults = PathDefaults(onnxruntime=s.onnxruntime, wide_threads=s.torch_threads)
+        entry.load = self._loads.start(
+            spec.name, lambda: load_model(spec, where, s.device, s.allow_downloads, defaults)
+        )
         entry.task = asyncio.ensure_future(self._install(entry, entry.load, time.perf_counter()))
         return entry
 

@@ -39,10 +39,15 @@ class ModelInfo(BaseModel):
     )
     prediction_path: str | None = Field(
         None,
-        description='What plain predictions run on: "fused" (a copy with BatchNorm folded), "compiled", '
-        '"fused+compiled", or "eager" (the served module itself). Hooked requests always see the model as '
-        "configured, never the fused or compiled copy.",
-        examples=["fused"],
+        description='What plain predictions run on: "onnxruntime" (the model exported to ONNX Runtime), "fused" '
+        '(a copy with BatchNorm folded), "compiled", "fused+compiled", or "eager" (the served module itself). '
+        "Hooked requests always see the model as configured, never these copies.",
+        examples=["onnxruntime"],
+    )
+    prediction_path_reason: str | None = Field(
+        None,
+        description="Why predictions do not take a faster path (ONNX Runtime, a fused copy), when they do not.",
+        examples=["not ONNX Runtime: it runs on cuda"],
     )
     hook_lanes: int | None = Field(
         None,

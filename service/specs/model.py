@@ -91,6 +91,12 @@ class ModelSpec(BaseModel):
     max_batch_size: int | None = Field(None, ge=1, le=1024)
     max_batch_delay_ms: float | None = Field(None, ge=0, le=10_000)
     compile: bool = Field(False, description="torch.compile the prediction path (off by default).")
+    onnxruntime: bool | None = Field(
+        None,
+        description="Plain predictions of a float32 CPU model run on ONNX Runtime when its forward exports to ONNX "
+        "and the runtime's outputs stay within 1e-4 of the model's (the runtime holds its own copy of the "
+        "weights); unset: the server's `onnxruntime` setting. Hooks always see the model as it is.",
+    )
     fuse: bool = Field(
         True,
         description="Predictions run on a copy with BatchNorm folded into the convolutions before it when that "

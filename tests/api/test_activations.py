@@ -36,6 +36,7 @@ from tests.conftest import (
     wait_settled,
     write_lenet,
 )
+from tests.helpers.compare import assert_same_predictions
 from tests.helpers.config import toy_entry
 
 # A python model (file.py:Class under the model dir): a layer returning a tuple, one taking two
@@ -169,7 +170,7 @@ def test_exact_names_equal_direct_hooks_and_predictions_equal_predict(
     assert_same(body["activations"], direct_capture(lenet, ["conv1", "fc3"], x))
     assert [list(v) for v in body["activations"].values()] == [["output"], ["output"]]
     predicted = builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs, "top_k": 5}).json()
-    assert body["predictions"] == predicted["predictions"]
+    assert_same_predictions(body["predictions"], predicted["predictions"])
     assert [p["top_k"][0]["index"] for p in body["predictions"]] == digits
     assert all(len(p["top_k"]) == 5 for p in body["predictions"])
     assert_no_hooks(builtin_client, "lenet")
@@ -339,7 +340,7 @@ def test_binary_formats(builtin_client: TestClient, lenet: nn.Module, fmt: str) 
             torch.testing.assert_close(tensors[f"{key}:{side}"], expected, rtol=0, atol=1e-6)
     predicted = builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs, "top_k": 5}).json()
     assert rest["model"] == "lenet"
-    assert rest["predictions"] == predicted["predictions"]
+    assert_same_predictions(rest["predictions"], predicted["predictions"])
     assert rest["activations"]["conv2"] == {
         "input": {"shape": [2, 6, 14, 14], "dtype": "float32"},
         "output": {"shape": [2, 16, 10, 10], "dtype": "float32"},

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from service.registry import fast_path
-from service.registry.fast_path import Placement
+from service.registry.probes import Placement
 from service.zoo.lenet import LeNet, weights_path
 from tests.conftest import ClientFactory, tensor_input
 

@@ -26,7 +26,7 @@ from tests.conftest import (
     tensor_input,
     write_lenet,
 )
-from tests.helpers.compare import assert_batched_close
+from tests.helpers.compare import assert_batched_close, assert_same_predictions
 
 RESNET_SIDE = 64  # resnet18 runs on any side; small inputs keep the references quick
 
@@ -174,7 +174,7 @@ def test_lenet_node_captures_equal_create_feature_extractor(builtin_client: Test
     body = post(builtin_client, model="lenet", inputs=inputs, nodes=nodes)
     assert_equal_to(body["activations"], extracted(lenet, nodes, x))
     predicted = builtin_client.post("/predict", json={"model": "lenet", "inputs": inputs, "top_k": 5}).json()
-    assert body["predictions"] == predicted["predictions"]
+    assert_same_predictions(body["predictions"], predicted["predictions"])
     assert_no_hooks(builtin_client, "lenet")
 
 

@@ -1,4 +1,4 @@
-"""Predictions run on a fused copy (BatchNorm folded into its convolution); hooks and /layers see the model as is."""
+"""With ONNX Runtime off, predictions run on a fused copy (BatchNorm folded); hooks and /layers see the model as is."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ name = "r18"
 source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
+onnxruntime = false
 
 [[models]]
 name = "r18_eager"
@@ -24,6 +25,7 @@ source = "torchvision"
 architecture = "resnet18"
 weights = "r18.pt"
 fuse = false
+onnxruntime = false
 
 [[models]]
 name = "looped"
@@ -54,6 +56,10 @@ class Looped(nn.Module):
 
 @pytest.fixture(scope="module")
 def r18_trained_stats() -> ResNet:
+    return resnet18_with_statistics()
+
+
+def resnet18_with_statistics() -> ResNet:
     """A seeded resnet18 whose BatchNorm layers hold non-trivial statistics, so folding them changes numbers."""
     torch.manual_seed(0)
     model = resnet18(weights=None)

@@ -121,7 +121,14 @@ def test_a_models_jobs_run_within_the_fleets_thread_budget_and_its_readiness_is_
     """A job alone takes the fleet's wide thread with every core of the budget (a budget of its own would
     give it one thread on its worker)."""
     (tmp_path / "where.py").write_text(WHERE_PY)
-    spec = {"name": "where", "source": "python", "architecture": "where.py:Where", "input_size": [4]}
+    # its forward records where it ran: predictions must run it in torch, not on ONNX Runtime
+    spec = {
+        "name": "where",
+        "source": "python",
+        "architecture": "where.py:Where",
+        "input_size": [4],
+        "onnxruntime": False,
+    }
 
     async def scenario() -> list[tuple[str, int]]:
         fleet = Fleet(Settings(model_dir=tmp_path, worker_threads=1, cpu_threads=2, torch_threads=2))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from service.registry.fast_path import Placement, fused_copy
+from service.registry.fast_path import fused_copy
+from service.registry.probes import Placement
 from tests.unit.introspection.test_fx_tracing import Paused, forward_mid_trace
 
 
