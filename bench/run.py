@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import httpx
 
 from bench import baseline as main_before
-from bench import cluster, features, gpu, paired, raw_torch
-from bench.configs import BASELINE_POINTS, DEFAULT, SETUPS, Mix, Setup
+from bench import cluster, features, gpu, paired, prediction_paths, raw_torch
+from bench.configs import BASELINE_POINTS, DEFAULT, SETUPS, TORCH_PATH, Mix, Setup
 from bench.loadgen import CLIENTS, Client, LoadResult, MixResult, format_mix, format_result, measure, measure_mix
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
 from bench.payloads import Payload
@@ -420,6 +420,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     baseline_ref=None if args.skip_baseline else args.baseline_ref,
                     client=plan.client,
                 )
+        if TORCH_PATH in setups and args.paired_rounds > 0:
+            log(f"/predict on ONNX Runtime and on the torch path in {args.paired_rounds + 1} ABBA rounds")
+            results["prediction_paths"] = prediction_paths.measure_paths(
+                inputs,
+                conv_layers,
+                Path(tmp),
+                log,
+                rounds=args.paired_rounds + 1,
+                window_s=args.paired_window,
+                idle_wait_s=plan.idle_wait_s,
+            )
         if not args.skip_cluster:
             results["cluster"] = cluster.run(
                 Path(tmp),

@@ -18,6 +18,7 @@ from bench.report import (
 from bench.report import main as report_main
 
 BEFORE = "default@c8b51c3"
+NAN = float("nan")
 
 
 def _result(images_per_s: float, p50: float, top: float | None = None, ok: int = 100) -> dict[str, Any]:
@@ -187,3 +188,32 @@ def test_a_rerendered_report_keeps_the_issue_12_sections(tmp_path: Path, good: b
     assert "## Today's main beside this commit, same run (issue 12)" in md
     assert f"`{BEFORE}` ran `c8b51c3{'0' * 33}`" in md
     assert f"commit `{'f' * 40}`" in md
+
+
+def _paired_record(name: str, kind: str, clients: int, ratios: list[float], bound: float) -> dict[str, Any]:
+    side = {"kind": kind, "clients": clients, "before": False}
+    return {
+        "name": name,
+        "top": side,
+        "bottom": side,
+        "stat": "images_per_s",
+        "bound": bound,
+        "higher_is_better": True,
+        "rounds": [{"top": 40.0 * r, "bottom": 40.0, "ratio": r, "errors": 0, "first": "top"} for r in ratios],
+        "ratio": sorted(ratios)[len(ratios) // 2],
+    }
+
+
+def test_the_prediction_paths_section_moves_paired_ratios_onto_the_torch_path() -> None:
+    results = synthetic(good=True)
+    results["configs"]["torch-path"] = {"description": "no onnxruntime", "env": {}, "commit": "f" * 40}
+    layer4 = "/activations layer4 reduced, 8 clients / /predict, 8 clients (JPEG)"
+    results["pairs"] = [_paired_record(layer4, "predict-jpeg-multipart", 8, [0.75, 0.8, 0.78], 0.9)]
+    targets = [t.name for t in introspection_targets(results)]
+    gain = "/predict JPEG, 8 clients: ONNX Runtime / torch path"
+    results["prediction_paths"] = [_paired_record(gain, "predict-jpeg-multipart", 8, [1.1, 1.2, 1.15, 1.25], NAN)]
+    text = render_markdown(results)
+    assert "## ONNX Runtime's prediction path against the torch path (issue 12)" in text
+    assert f"| {gain} | 44.0 / 40.0, 48.0 / 40.0, 46.0 / 40.0, 50.0 / 40.0 (images/s) |" in text
+    assert f"- {layer4}: 0.94 on the torch path (bound 0.90)" in text  # 0.78 x 1.2
+    assert [t.name for t in introspection_targets(results)] == targets  # the gains inform, they judge nothing
