@@ -548,7 +548,8 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         "request, split by what its threads do (they name themselves, `service/runtime/os_threads.py`): `model` the "
         "executor and wide threads (forwards, hooks, captures, with torch's intra-op workers), `decode` the decode "
         "pool, `event loop` the main thread (HTTP, routes, sending answers), `other` the rest (the threadpool "
-        "of sync code, loads).",
+        "of sync code, loads, and ONNX Runtime's own intra-op worker, which a prediction running alone on "
+        "several threads uses: at 1 client most of a /predict's CPU shows there).",
     ]
     parts += features_section(results)
     notes = results.get("notes")
