@@ -149,7 +149,7 @@ def measure_pairs(
     with _servers(workdir, baseline_ref, log) as servers:
         payloads = build_payloads(inputs, conv_layers(servers[False].url))
 
-        def window(side: Side) -> LoadResult:
+        def window(which: str, side: Side) -> LoadResult:
             server = servers[side.before]
             return measure(
                 server.url,
@@ -161,14 +161,21 @@ def measure_pairs(
             )
 
         for pair in wanted:
-            wait_idle(idle_wait_s, log=log)
-            done: list[dict[str, LoadResult]] = []
-            for index in range(rounds):
-                windows = {which: window(getattr(pair, which)) for which in order(index)}
-                done.append(windows)
-            record = summarize(pair, done)
+            record = measure_pair(pair, window, rounds, idle_wait_s, log)
             shown = ", ".join(f"{r['ratio']:.3f}" for r in record["rounds"])
             median = record["ratio"]
             log(f"  paired {pair.top.text()} / {pair.bottom.text()} ({pair.stat}): {shown}; median {median:.3f}")
             records.append(record)
     return records
+
+
+def measure_pair(
+    pair: Pair, window: Callable[[str, Side], LoadResult], rounds: int, idle_wait_s: float, log: Log
+) -> dict[str, Any]:
+    """One pair in `rounds` ABBA rounds once the machine is idle; `window(which, side)` measures its `top` or
+    `bottom` side. The record `summarize` makes of them."""
+    wait_idle(idle_wait_s, log=log)
+    done: list[dict[str, LoadResult]] = []
+    for index in range(rounds):
+        done.append({which: window(which, getattr(pair, which)) for which in order(index)})
+    return summarize(pair, done)

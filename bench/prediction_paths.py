@@ -21,10 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.configs import TORCH_PATH
+from bench.configs import DEFAULT, TORCH_PATH
 from bench.loadgen import LoadResult, measure
-from bench.machine import wait_idle
-from bench.paired import Log, Pair, Side, order, summarize
+from bench.paired import Log, Pair, Side, measure_pair
 from bench.server import Server, free_port
 from bench.workload import Inputs, Kind, build_payloads, make_inputs
 
@@ -52,33 +51,21 @@ def measure_paths(
     """Each point in `rounds` ABBA rounds: top on the ONNX Runtime server, bottom on the torch-path one."""
     records: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        onnx = stack.enter_context(
-            Server(replace(TORCH_PATH.config, name="onnxruntime", env=_onnx_env()), free_port(), workdir)
-        )
+        onnx = stack.enter_context(Server(replace(DEFAULT.config, name="onnxruntime"), free_port(), workdir))
         torch_path = stack.enter_context(Server(TORCH_PATH.config, free_port(), workdir))
         payloads = build_payloads(inputs, conv_layers(onnx.url))
         servers = {"top": onnx, "bottom": torch_path}
+
+        def window(which: str, side: Side) -> LoadResult:
+            server = servers[which]
+            return measure(server.url, payloads[side.kind], side.clients, max_seconds=window_s, server_pid=server.pid)
+
         for pair in POINTS:
-            wait_idle(idle_wait_s, log=log)
-            done: list[dict[str, LoadResult]] = []
-            for index in range(rounds):
-                windows: dict[str, LoadResult] = {}
-                for which in order(index):
-                    side: Side = getattr(pair, which)
-                    server = servers[which]
-                    windows[which] = measure(
-                        server.url, payloads[side.kind], side.clients, max_seconds=window_s, server_pid=server.pid
-                    )
-                done.append(windows)
-            record = summarize(pair, done)
+            record = measure_pair(pair, window, rounds, idle_wait_s, log)
             shown = ", ".join(f"{r['ratio']:.3f}" for r in record["rounds"])
             log(f"  {pair.name}: {shown}; median {record['ratio']:.3f}")
             records.append(record)
     return records
-
-
-def _onnx_env() -> dict[str, str]:
-    return {k: v for k, v in TORCH_PATH.config.env.items() if k != "HOOKSERVE_ONNXRUNTIME"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     # batching (defaults; per model overridable in the TOML)
     max_batch_size: int = 8
     max_batch_delay_ms: float = 5.0
+    max_queue: int = Field(256, description="Queued jobs per model before 503.")
 
     # prediction path (per model overridable in the TOML)
     onnxruntime: bool = Field(
@@ -61,7 +62,6 @@ class Settings(BaseSettings):
         description="Plain predictions of float32 CPU models run on ONNX Runtime where it exports and agrees with "
         "the model (~12 % less CPU per image for resnet18 on a 2-core AVX2 CPU); false: the torch path.",
     )
-    max_queue: int = Field(256, description="Queued jobs per model before 503.")
 
     # limits
     max_body_bytes: int = 64 * MiB

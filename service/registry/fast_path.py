@@ -4,11 +4,11 @@ A float32 CPU model runs its predictions on ONNX Runtime (`onnxruntime`, on by d
 `onnx_path`) when its graph exports and agrees with the model; the torch copy below then
 serves only inputs of another shape. With `fuse` (the default), BatchNorm layers are folded
 into the convolutions (and linear layers) before them in an FX-traced copy: one fewer pass
-over every feature map per layer.
-The copy is kept only when something was folded and its outputs on a seeded random batch stay
-within 1e-4 of the model's; otherwise predictions run on the model itself. With `compile`, the
-copy (fused or plain) is `torch.compile`d, and ONNX Runtime is not tried. The served module is never changed: `/layers`,
-summaries and every hooked request see it as configured, and no hook ever fires for a prediction.
+over every feature map per layer. The copy is kept only when something was folded and its
+outputs on a seeded random batch stay within 1e-4 of the model's; otherwise predictions run on
+the model itself. With `compile`, the copy (fused or plain) is `torch.compile`d, and ONNX
+Runtime is not tried. The served module is never changed: `/layers`, summaries and every hooked
+request see it as configured, and no hook ever fires for a prediction.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ than the BatchNorm-folded torch copy and a single image at two threads in ~25 % 
 
 The path is kept only when everything about it can be checked: the model runs on the CPU in
 float32, its forward returns one tensor, the trace never read a tensor's value into Python (a
-branch or loop count the trace would fix for every input; see `NoValueEscapes`), and the runtime's outputs on two
-seeded batches (1 and 3 samples) stay within 1e-4 of the model's. Otherwise predictions take
+branch or loop count the trace would fix for every input; see `NoValueEscapes`), and the
+runtime's outputs on two seeded batches (1 and 3 samples) stay within 1e-4 of the model's. Otherwise predictions take
 the torch path and the load log says why.
 
 An input the graph was not exported for (another sample shape or dtype) runs on `fallback`,
@@ -145,8 +145,8 @@ class OnnxRuntimeModule(nn.Module):
         if not self.accepts(x):
             out: torch.Tensor = self.fallback(x)
             return out
-        wide = self.wide is not None and torch.get_num_threads() > 1  # the wide runner's thread
-        return self.run(self.wide if wide and self.wide is not None else self.narrow, x)
+        alone = self.wide is not None and torch.get_num_threads() > 1  # on the wide runner's thread
+        return self.run(self.wide if alone else self.narrow, x)
 
     @staticmethod
     def run(session: Any, x: torch.Tensor) -> torch.Tensor:
