@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 
 from service.zoo.lenet import LeNet, weights_path
+from tests.helpers.reference_models import seeded_resnet18
 
 
 @pytest.fixture(scope="module")
 def r18() -> ResNet:
     """A seeded resnet18; tests save its weights for the server to load."""
-    torch.manual_seed(0)
-    return resnet18(weights=None).eval()
+    return seeded_resnet18()
 
 
 @pytest.fixture(scope="module")

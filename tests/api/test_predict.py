@@ -15,13 +15,14 @@ import torch
 from fastapi.testclient import TestClient
 from PIL import Image
 from skimage import data as skdata
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 from torchvision.transforms import v2
 
 from service.config import Settings
 from service.main import create_app
 from service.zoo.lenet import LeNet, load_lenet
 from tests.conftest import b64, sample_png, tensor_input, wait_settled
+from tests.helpers.reference_models import seeded_resnet18
 
 PETS = ["cat", "dog", "emu"]
 TINY_PY = """
@@ -73,8 +74,7 @@ def tiny_logits(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def r18() -> ResNet:
-    torch.manual_seed(0)
-    return resnet18(weights=None, num_classes=7).eval()
+    return seeded_resnet18(num_classes=7)
 
 
 @pytest.fixture(scope="module")

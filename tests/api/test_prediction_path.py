@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from torchvision.models import ResNet, resnet18
+from torchvision.models import ResNet
 
 from tests.conftest import ClientFactory, tensor_input
+from tests.helpers.reference_models import seeded_resnet18
 
 CONFIG = """
 [[models]]
@@ -61,15 +62,15 @@ def r18_trained_stats() -> ResNet:
 
 def resnet18_with_statistics() -> ResNet:
     """A seeded resnet18 whose BatchNorm layers hold non-trivial statistics, so folding them changes numbers."""
-    torch.manual_seed(0)
-    model = resnet18(weights=None)
+    model = seeded_resnet18()
+    generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
                 for name, low, high in (("running_mean", -0.5, 0.5), ("running_var", 0.5, 2.0)):
-                    getattr(module, name).uniform_(low, high)
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.2, 0.2)
+                    getattr(module, name).uniform_(low, high, generator=generator)
+                module.weight.uniform_(0.5, 1.5, generator=generator)
+                module.bias.uniform_(-0.2, 0.2, generator=generator)
     return model.eval()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +324,35 @@ def test_smoothgrad_is_seeded(client: TestClient) -> None:
     torch.manual_seed(123)
     maps(x[1:], seed=11)
     assert torch.equal(torch.rand(3), before)  # the process-wide RNG is left as it was
+
+
+SEEDED = [
+    {"method": "smoothgrad", "samples": 12, "noise": 0.3},
+    {"method": "gradient_shap", "samples": 12, "noise": 0.3, "baselines": [0.0, -1.0]},
+]
+
+
+@pytest.mark.parametrize("params", SEEDED, ids=lambda p: p["method"])
+def test_seeds_hold_while_other_models_draw_noise(
+    tmp_path: Path, make_client: ClientFactory, params: dict[str, Any]
+) -> None:
+    """Two models draw noise at once, each on its own threads, in chunks of 2 samples with forwards between the
+    draws: every map is still exactly its seed's, as computed alone (a shared generator interleaves the draws)."""
+    config = write_lenet(tmp_path, name="a") + write_lenet(tmp_path, name="b")
+    c = make_client(config, worker_threads=1, torch_threads=1, smoothgrad_batch_size=2)
+    jobs = [(model, seed, digit) for seed in range(4) for model, digit in (("a", 3), ("b", 8))]
+
+    def one(job: tuple[str, int, int]) -> Tensor:
+        model, seed, digit = job
+        out = saliency(c, model=model, inputs=[tensor_input(digit_pixels(digit))], seed=seed, target=digit, **params)
+        return as_tensor(out["results"][0]["attribution"])
+
+    alone = [one(job) for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        for _ in range(3):
+            together = list(pool.map(one, jobs))
+            for job, want, got in zip(jobs, alone, together, strict=True):
+                assert torch.equal(got, want), job
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,7 @@ runner (`run.py`) resolves targets, calls `attribute` and turns each row into a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -177,22 +176,3 @@ def same_dtype(model: nn.Module, dtype: torch.dtype) -> Callable[[Tensor], Tenso
         return out
 
     return forward
-
-
-@contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Seed the CPU and `device` generators with `seed`, restoring both states afterwards."""
-    if device.type == "cpu":
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            yield
-        return
-    module = torch.get_device_module(device.type)
-    index = device.index if device.index is not None else module.current_device()
-    with torch.random.fork_rng(devices=[index], device_type=device.type):
-        torch.default_generator.manual_seed(seed)
-        if device.type == "cuda":
-            torch.cuda.default_generators[index].manual_seed(seed)
-        else:
-            module.manual_seed(seed)
-        yield

@@ -1,4 +1,4 @@
-"""GradientSHAP (Lundberg & Lee 2017, arXiv:1705.07874), through Captum's `GradientShap`, seeded per input.
+"""GradientSHAP (Lundberg & Lee 2017, arXiv:1705.07874), as Captum's `GradientShap` computes it, seeded per input.
 
 Expected gradients: for each sample, a baseline drawn from the given constant baselines, a random
 point between it and the (optionally noised) input, and (input - baseline) × the gradient there;
@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from captum.attr import GradientShap as CaptumGradientShap
+from captum.attr._core.gradient_shap import InputBaselineXGradient
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -27,8 +27,8 @@ from service.introspection.attribution.base import (
     MethodParams,
     register_method,
     same_dtype,
-    seeded,
 )
+from service.introspection.attribution.noise_tunnel import SeededNoiseTunnel
 
 Constant = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
 
@@ -49,7 +49,7 @@ class GradientShapParams(MethodParams):
 
 
 # Captum draws baselines and path points from NumPy's global generator, which every thread shares: one seeded
-# attribution at a time (those of other models wait here).
+# attribution at a time (those of other models wait here). Its input noise comes from a generator of its own.
 _NUMPY_RNG = threading.Lock()
 
 
@@ -67,8 +67,9 @@ def numpy_seeded(seed: int) -> Iterator[None]:
 
 @register_method
 class GradientShap(AttributionMethod[GradientShapParams]):
-    """Each input runs alone through Captum, with the torch and NumPy generators seeded with its own `seed`, so
-    its map does not depend on the rest of the batch, and requests with different parameters share a batch.
+    """Each input runs alone through Captum's GradientSHAP (a `NoiseTunnel` over `InputBaselineXGradient`, built
+    here so that its noise generator is the input's own), with NumPy's generator seeded with its `seed`, so its
+    map does not depend on the rest of the batch, and requests with different parameters share a batch.
     All `samples` of one input go through the model in one forward and one backward."""
 
     name = "gradient_shap"
@@ -93,15 +94,24 @@ class GradientShap(AttributionMethod[GradientShapParams]):
         params: Sequence[GradientShapParams],
         ctx: AttributionContext,
     ) -> Attributions:
-        shap = CaptumGradientShap(same_dtype(model, x.dtype))
+        expected_gradients = InputBaselineXGradient(same_dtype(model, x.dtype), multiply_by_inputs=True)
         rows = []
         for i, (target, own) in enumerate(zip(targets, params, strict=True)):
             row = x[i : i + 1].detach()
             stdev = float(own.noise * (row.max() - row.min()))
             baselines = torch.stack([torch.full_like(row[0], value) for value in own.baselines])
             row.requires_grad_(True)
-            with seeded(own.seed, row.device), numpy_seeded(own.seed):
+            tunnel = SeededNoiseTunnel(expected_gradients, own.seed, row.device)
+            with numpy_seeded(own.seed):
                 rows.append(
-                    shap.attribute(row, baselines=baselines, n_samples=own.samples, stdevs=stdev, target=target)
+                    tunnel.attribute(
+                        row,
+                        nt_type="smoothgrad",
+                        nt_samples=own.samples,
+                        stdevs=stdev,
+                        draw_baseline_from_distrib=True,
+                        baselines=(baselines,),
+                        target=target,
+                    )
                 )
         return Attributions(torch.cat(rows))

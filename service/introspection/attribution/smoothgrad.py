@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from captum.attr import NoiseTunnel, Saliency
+from captum.attr import Saliency
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -19,8 +19,8 @@ from service.introspection.attribution.base import (
     MethodParams,
     register_method,
     same_dtype,
-    seeded,
 )
+from service.introspection.attribution.noise_tunnel import SeededNoiseTunnel
 
 
 class SmoothGradParams(MethodParams):
@@ -32,8 +32,8 @@ class SmoothGradParams(MethodParams):
 
 @register_method
 class SmoothGrad(AttributionMethod[SmoothGradParams]):
-    """Each input gets its own noise level `noise * (x.max() - x.min())` and the RNG seeded with its own
-    `seed`, so an input's map does not depend on the rest of the batch, and requests with different
+    """Each input gets its own noise level `noise * (x.max() - x.min())` and noise from a generator seeded with its
+    own `seed`, so an input's map does not depend on the rest of the batch, and requests with different
     samples, noise and seeds share one batch. Noisy copies go through the model in chunks of
     `smoothgrad_batch_size`."""
 
@@ -59,21 +59,21 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
         params: Sequence[SmoothGradParams],
         ctx: AttributionContext,
     ) -> Attributions:
-        tunnel = NoiseTunnel(Saliency(same_dtype(model, x.dtype)))
+        saliency = Saliency(same_dtype(model, x.dtype))
         rows = []
         for i, (target, own) in enumerate(zip(targets, params, strict=True)):
             row = x[i : i + 1].detach()
             stdev = float(own.noise * (row.max() - row.min()))
             row.requires_grad_(True)
-            with seeded(own.seed, row.device):
-                rows.append(
-                    tunnel.attribute(
-                        row,
-                        nt_type="smoothgrad",
-                        nt_samples=own.samples,
-                        nt_samples_batch_size=ctx.settings.smoothgrad_batch_size,
-                        stdevs=stdev,
-                        target=target,
-                    )
+            tunnel = SeededNoiseTunnel(saliency, own.seed, row.device)
+            rows.append(
+                tunnel.attribute(
+                    row,
+                    nt_type="smoothgrad",
+                    nt_samples=own.samples,
+                    nt_samples_batch_size=ctx.settings.smoothgrad_batch_size,
+                    stdevs=stdev,
+                    target=target,
                 )
+            )
         return Attributions(torch.cat(rows))
