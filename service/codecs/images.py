@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import warnings
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -19,10 +18,10 @@ Image.MAX_IMAGE_PIXELS = None
 
 def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Image:
     """Open and fully decode an image; refuse oversize ones from their header alone."""
+    # PIL's own bomb check is off (MAX_IMAGE_PIXELS None): it never warns here, so no thread-unsafe
+    # `warnings.catch_warnings()` around it; a DecompressionBombError comes only from code that resets the limit.
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise BadInput(f"{where} is not a decodable image (PNG, JPEG, WebP, BMP, ...)") from None
     except Image.DecompressionBombError:
