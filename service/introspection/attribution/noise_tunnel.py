@@ -13,6 +13,9 @@ import torch
 from captum.attr import Attribution, NoiseTunnel
 from torch import Tensor
 
+if not callable(getattr(NoiseTunnel, "_add_noise_to_input", None)):  # captum < 0.8 drew its noise in a closure
+    raise ImportError("seeded SmoothGrad and GradientSHAP need captum >= 0.8 (NoiseTunnel._add_noise_to_input)")
+
 
 class SeededNoiseTunnel(NoiseTunnel):  # type: ignore[misc]  # captum is untyped
     """`NoiseTunnel(method)` whose Gaussian noise comes from `torch.Generator(device).manual_seed(seed)`."""
