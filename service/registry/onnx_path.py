@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from service.registry.probes import TOLERANCE, Placement, same_outputs
 log = logging.getLogger("hookserve.loader")
 
 INPUT, OUTPUT = "input", "output"
+EXPORT_LOCK = threading.Lock()
 # Tensor methods that hand a tensor's value (or length) to Python, where a trace cannot follow it
 VALUE_READS = frozenset(
     {
@@ -90,9 +92,13 @@ def onnxruntime_copy(
 
 
 def export(module: nn.Module, x: torch.Tensor) -> bytes:
-    """The module's ONNX graph for inputs shaped like `x` with any batch size (`ValueEscapes` if a trace cannot be)."""
+    """The module's ONNX graph for inputs shaped like `x` with any batch size (`ValueEscapes` if a trace cannot be).
+
+    One export at a time: the TorchScript exporter keeps its state in process-wide globals, so models
+    loading side by side would fail each other's exports ("GLOBALS.in_onnx_export must be True").
+    """
     buffer = io.BytesIO()
-    with NoValueEscapes():
+    with EXPORT_LOCK, NoValueEscapes():
         torch.onnx.export(
             module,
             (x,),

@@ -79,3 +79,24 @@ def test_a_model_on_another_dtype_keeps_the_torch_path() -> None:
     runtime, reason = onnxruntime_copy(small().to(torch.bfloat16), placement, None, 1)
     assert runtime is None
     assert reason == "it runs in bfloat16"
+
+
+def test_models_loading_side_by_side_export_one_at_a_time() -> None:
+    """The TorchScript exporter's state is process-wide: concurrent exports would fail each other."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def load() -> None:
+        start.wait()
+        for _ in range(3):
+            try:
+                runtime_of(small())
+            except BaseException as exc:  # an AssertionError carrying the reason
+                errors.append(exc)
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
