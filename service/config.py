@@ -63,6 +63,13 @@ class Settings(BaseSettings):
         "the model (~12 % less CPU per image for resnet18 on a 2-core AVX2 CPU); false: the torch path.",
     )
 
+    packed_convolutions: bool = Field(
+        True,
+        description="Forwards on a float32 channels_last CPU model's own modules (hooked requests among them) run "
+        "their convolutions on weights packed once for oneDNN where the outputs stay bit-identical (resnet18: "
+        "~20 % less time per image at batch 1, ~5 % at batch 8; one more copy of the convolution weights).",
+    )
+
     # limits
     max_body_bytes: int = 64 * MiB
     max_inputs: int = 64

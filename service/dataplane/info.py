@@ -51,5 +51,7 @@ def _fields(entry: Entry) -> dict[str, object]:
             "prediction_path": model.prediction_path,
             "prediction_path_reason": model.prediction_path_reason or None,
             "hook_lanes": len(model.lanes),
+            "packed_convolutions": model.conv_packs is not None,
+            "packed_convolutions_reason": model.conv_packs_reason or None,
         }
     return fields

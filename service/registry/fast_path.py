@@ -38,6 +38,7 @@ class PathDefaults:
 
     onnxruntime: bool = True  # for models whose config leaves `onnxruntime` unset
     wide_threads: int = 1  # intra-op threads of a job that runs alone (Settings.torch_threads)
+    packed_convolutions: bool = True  # for models whose config leaves `packed_convolutions` unset
 
 
 DEFAULT_PATHS = PathDefaults()

@@ -9,6 +9,7 @@ from torch import nn
 
 from service.introspection.nodes import NodeGraph, Untraceable
 from service.introspection.shapes import LayerShapes
+from service.registry.packed_convolutions import ConvPacks
 from service.specs.model import ModelSpec, PreprocessSpec
 
 
@@ -35,6 +36,9 @@ class LoadedModel:
     fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
     prediction_path: str = "eager"  # what `fast` is (fast_path.PredictionPath.name); "eager" when None
     prediction_path_reason: str = ""  # why not a faster path, when not
+    conv_packs: ConvPacks | None = field(default=None, repr=False)  # packed Conv2d weights (packed_convolutions.py)
+    conv_packs_reason: str = ""  # why there are none, when there are none
+    predictions_packed: bool = False  # whether the prediction module's convolutions use `conv_packs` too
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
     lanes: tuple[nn.Module, ...] = field(default=(), repr=False)  # copies hooked batches run on (lanes.py)

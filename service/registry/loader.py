@@ -15,10 +15,11 @@ from service.errors import HookserveError, ModelLoadError, first_line, scrub_pat
 from service.introspection.layers import module_names
 from service.introspection.shapes import probe_shapes
 from service.registry.devices import pick_device
-from service.registry.fast_path import DEFAULT_PATHS, PathDefaults, prediction_path
+from service.registry.fast_path import DEFAULT_PATHS, PathDefaults, PredictionPath, prediction_path
 from service.registry.labels import read_labels
 from service.registry.loaded import LoadedModel
 from service.registry.optimizers import build_optimizer
+from service.registry.packed_convolutions import ConvPacks, packed_convolutions
 from service.registry.paths import resolve_under
 from service.registry.probes import Placement
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
@@ -86,6 +87,7 @@ def _load(
     placement = Placement(input_size, device, dtype, channels_last)
     shapes = probe_shapes(module, placement.probe(1), module)
     path = prediction_path(spec, module, placement, path_defaults)
+    packs, packs_reason, predictions_packed = conv_packs(spec, module, path, placement, path_defaults)
     params = list(module.parameters())
     return LoadedModel(
         spec=spec,
@@ -106,8 +108,27 @@ def _load(
         fast=path.module,
         prediction_path=path.name,
         prediction_path_reason=path.reason,
+        conv_packs=packs,
+        conv_packs_reason=packs_reason,
+        predictions_packed=predictions_packed,
         channels_last=channels_last,
     )
+
+
+def conv_packs(
+    spec: ModelSpec, module: nn.Module, path: PredictionPath, placement: Placement, defaults: PathDefaults
+) -> tuple[ConvPacks | None, str, bool]:
+    """Packed convolution weights for forwards on the served module (and on a fused prediction copy when they
+    hold for it too): (packs or None, why not, whether predictions use them)."""
+    wanted = spec.packed_convolutions if spec.packed_convolutions is not None else defaults.packed_convolutions
+    if not wanted:
+        return None, "packed_convolutions = false", False
+    if path.name == "fused" and path.module is not None:
+        packs, _ = packed_convolutions([module, path.module], placement)
+        if packs is not None:
+            return packs, "", True
+    packs, reason = packed_convolutions([module], placement)
+    return packs, reason, packs is not None and path.module is None
 
 
 def warm_up_in_format(

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -321,9 +321,15 @@ class ModelExecutor:
         works: list[_Work] = [job.payload for job in jobs]
         runner = works[0].runner
         inputs, requests = [w.inputs for w in works], [w.request for w in works]
+        packs = self.model.conv_packs
         if not runner.hooked:
-            return runner.run(self.model, inputs, requests)
-        with self._lane() as model, stop_when_abandoned(model.module, jobs):
+            with packs.active() if packs is not None and self.model.predictions_packed else nullcontext():
+                return runner.run(self.model, inputs, requests)
+        with (
+            self._lane() as model,
+            stop_when_abandoned(model.module, jobs),
+            packs.active() if packs is not None else nullcontext(),
+        ):
             return runner.run(model, inputs, requests)
 
     @contextmanager

@@ -121,7 +121,9 @@ class Fleet:
         self.retired.pop(spec.name, None)
         s = self.settings
         where = root or s.model_dir
-        defaults = PathDefaults(onnxruntime=s.onnxruntime, wide_threads=s.torch_threads)
+        defaults = PathDefaults(
+            onnxruntime=s.onnxruntime, wide_threads=s.torch_threads, packed_convolutions=s.packed_convolutions
+        )
         entry.load = self._loads.start(
             spec.name, lambda: load_model(spec, where, s.device, s.allow_downloads, defaults)
         )

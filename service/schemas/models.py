@@ -56,6 +56,16 @@ class ModelInfo(BaseModel):
         "time, on the served module (one worker thread, or a module that cannot be copied).",
         examples=[2],
     )
+    packed_convolutions: bool | None = Field(
+        None,
+        description="Whether forwards on the model itself (hooked requests; predictions too when they run on it or "
+        "on its fused copy) take Conv2d weights packed once for oneDNN: same kernel, bit-identical outputs, no "
+        "weight reorder per call.",
+        examples=[True],
+    )
+    packed_convolutions_reason: str | None = Field(
+        None, description="Why they do not, when they do not.", examples=["it runs on cuda"]
+    )
     load_seconds: float | None = None
 
 

@@ -97,6 +97,13 @@ class ModelSpec(BaseModel):
         "and the runtime's outputs stay within 1e-4 of the model's (the runtime holds its own copy of the "
         "weights); unset: the server's `onnxruntime` setting. Hooks always see the model as it is.",
     )
+    packed_convolutions: bool | None = Field(
+        None,
+        description="Forwards on the model itself (hooked requests, and predictions that run on it or on its fused "
+        "copy) take Conv2d weights packed once for oneDNN instead of reordered on every call, when the outputs "
+        "stay bit-identical (float32 channels_last CPU models; an extra copy of the convolution weights); unset: "
+        "the server's `packed_convolutions` setting.",
+    )
     fuse: bool = Field(
         True,
         description="Predictions run on a copy with BatchNorm folded into the convolutions before it when that "

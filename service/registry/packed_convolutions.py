@@ -1,0 +1,227 @@
+"""Convolution weights packed once for oneDNN, so the eager model's forwards skip a reorder per call.
+
+On the CPU, torch runs a float32 `conv2d` through oneDNN, which copies the weight into its
+kernel's blocked layout on every call. At batch 1 those copies are about a quarter of resnet18's
+forward (measured on the project's 2-core AVX2 CPU: 49 -> 38 ms per image at one thread, batch 1;
+18 % at batch 2, 5-7 % at batch 8). Here every Conv2d weight of the model is put into that layout
+once, at load, and a `conv2d` call on one of those weights runs oneDNN's convolution on the packed
+copy instead: the same kernel on the same data, so the same numbers. The packs are kept only when
+the model's outputs on seeded probe batches are bit-identical with and without them.
+
+The module tree is never changed: hooks, `/layers`, summaries and state dicts see the model as it
+is, and the packs take effect only inside `ConvPacks.active()`, a TorchFunctionMode (thread-local)
+the executor enters around the forwards it runs on the eager module. A call is left to torch when
+it would record autograd (Grad-CAM's layers from its target on, input gradients), when its input
+is not channels_last, or when its weight, padding or dtype is not one that was packed; a weight
+changed in place (its version counter moves) is packed again before use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from service.errors import first_line
+from service.registry.probes import Placement, output_tensors
+
+log = logging.getLogger("hookserve.loader")
+
+Pair = tuple[int, int]
+Geometry = tuple[Pair, Pair, Pair, int]  # stride, padding, dilation, groups
+CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+CONV_DEFAULTS: dict[str, Any] = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+PROBE_BATCHES = (1, 3)
+ONEDNN = torch._C._ConvBackend.Mkldnn  # type: ignore[attr-defined]  # (the stubs omit it)
+
+
+@dataclass
+class _Pack:
+    weight: weakref.ref[Tensor]
+    version: int
+    data_ptr: int
+    packed: Tensor
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """One `conv2d` call's arguments, normalized."""
+
+    input: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    geometry: Geometry
+
+
+class ConvPacks:
+    """The packed weights of one model's Conv2d layers (shared by its hook lanes, which share its weights)."""
+
+    def __init__(self) -> None:
+        self._packs: dict[tuple[int, Geometry], _Pack] = {}
+        self._lock = threading.Lock()
+        self.calls = 0  # conv2d calls served from a pack (read by the load-time check and tests)
+
+    def __len__(self) -> int:
+        return len(self._packs)
+
+    def add(self, conv: nn.Conv2d) -> bool:
+        """Pack `conv`'s weight for the geometry its forward calls `conv2d` with; False when it cannot be."""
+        geometry = _module_geometry(conv)
+        weight = conv.weight
+        if geometry is None or not _packable(weight):
+            return False
+        key = (id(weight), geometry)
+        if key not in self._packs:
+            self._packs[key] = _pack(weight, geometry)
+        return True
+
+    def run(self, call: ConvCall) -> Tensor | None:
+        """The convolution on the packed weight, or None when this call is torch's to run."""
+        x, weight, bias = call.input, call.weight, call.bias
+        pack = self._packs.get((id(weight), call.geometry))
+        if pack is None or pack.weight() is not weight:
+            return None
+        if not (type(x) is Tensor and x.device.type == "cpu" and x.dtype == weight.dtype and x.dim() == 4):
+            return None
+        if not x.is_contiguous(memory_format=torch.channels_last) or x.is_contiguous():
+            return None  # NCHW (or 1x1 spatial) inputs: oneDNN would answer in another layout than torch
+        if bias is not None and not (type(bias) in (Tensor, nn.Parameter) and bias.dtype == weight.dtype):
+            return None
+        if torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        ):
+            return None
+        stride, padding, dilation, groups = call.geometry
+        if torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation, False, [0, 0], groups) != ONEDNN:
+            return None  # torch runs this shape on another kernel (small batch-1 inputs, for one): so must we
+        if weight._version != pack.version or weight.data_ptr() != pack.data_ptr:
+            with self._lock:
+                pack = self._packs[(id(weight), call.geometry)] = _pack(weight, call.geometry)
+        try:
+            out: Tensor = torch.ops.mkldnn._convolution_pointwise(
+                x, pack.packed, bias, list(padding), list(stride), list(dilation), groups, "none", [], ""
+            )
+        except RuntimeError:  # torch's own call raises the error a user should see (or handles the case)
+            return None
+        self.calls += 1
+        return out
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Within: `conv2d` calls on packed weights (on this thread) run on their packs."""
+        with _PackedConvMode(self):
+            yield
+
+
+class _PackedConvMode(TorchFunctionMode):
+    def __init__(self, packs: ConvPacks) -> None:
+        super().__init__()
+        self.packs = packs
+
+    def __torch_function__(
+        self, func: Any, types: Sequence[type], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.conv2d:
+            call = conv_call(args, kwargs)
+            if call is not None and (out := self.packs.run(call)) is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def conv_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ConvCall | None:
+    """`torch.conv2d`'s arguments, or None when they are not plain tensors and integer geometry."""
+    if len(args) > len(CONV_ARGS) or not set(kwargs) <= set(CONV_ARGS):
+        return None
+    values = {**CONV_DEFAULTS, **dict(zip(CONV_ARGS, args, strict=False)), **kwargs}
+    x, weight, bias = values.get("input"), values.get("weight"), values.get("bias")
+    if not isinstance(x, Tensor) or not isinstance(weight, Tensor) or not (bias is None or isinstance(bias, Tensor)):
+        return None
+    stride, padding, dilation = (_pair(values[k]) for k in ("stride", "padding", "dilation"))
+    groups = values["groups"]
+    if stride is None or padding is None or dilation is None or type(groups) is not int:
+        return None
+    return ConvCall(x, weight, bias, (stride, padding, dilation, groups))
+
+
+def packed_convolutions(modules: Sequence[nn.Module], placement: Placement) -> tuple[ConvPacks | None, str]:
+    """Packs for every Conv2d of `modules` (modules that may share weights), or (None, why not).
+
+    Kept only when each module's outputs on the probe batches are bit-identical with and without them.
+    """
+    if placement.device.type != "cpu":
+        return None, f"it runs on {placement.device.type}"
+    if placement.dtype != torch.float32:
+        return None, f"it runs in {str(placement.dtype).removeprefix('torch.')}"
+    if not placement.nhwc:
+        return None, "it runs in NCHW (contiguous) memory format"
+    if not (torch._C._has_mkldnn and torch.backends.mkldnn.enabled):
+        return None, "torch has no oneDNN here"
+    packs = ConvPacks()
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            packed = [packs.add(m) for module in modules for m in module.modules() if isinstance(m, nn.Conv2d)]
+    except RuntimeError as exc:
+        return None, f"oneDNN cannot pack its weights ({first_line(exc)})"
+    if not any(packed):
+        return None, "no Conv2d layer with a float32 weight and integer padding"
+    for module in modules:
+        for batch in PROBE_BATCHES:
+            x = placement.probe(batch)
+            try:
+                with torch.inference_mode():
+                    want = output_tensors(module(x))
+                    with packs.active():
+                        got = output_tensors(module(x))
+            except (RuntimeError, ValueError, IndexError) as exc:
+                return None, f"a forward on packed weights failed ({first_line(exc)})"
+            if len(want) != len(got) or not all(torch.equal(w, g) for w, g in zip(want, got, strict=True)):
+                return None, "its outputs on packed weights are not bit-identical to torch's"
+    if packs.calls == 0:
+        return None, "no convolution ran on a packed weight"
+    packs.calls = 0
+    log.info("hooked forwards: %d convolution weights packed for oneDNN", len(packs))
+    return packs, ""
+
+
+def _pack(weight: Tensor, geometry: Geometry) -> _Pack:
+    stride, padding, dilation, groups = geometry
+    with torch.inference_mode(False), torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_convolution_weight(
+            weight.detach(), list(padding), list(stride), list(dilation), groups, None
+        )
+    return _Pack(weakref.ref(weight), weight._version, weight.data_ptr(), packed)
+
+
+def _packable(weight: Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 4
+        and not weight.is_inference()
+    )
+
+
+def _module_geometry(conv: nn.Conv2d) -> Geometry | None:
+    """The geometry `conv.forward` passes to `conv2d` (padding 0 after its own F.pad for non-zero modes)."""
+    padding = _pair(conv.padding) if conv.padding_mode == "zeros" else (0, 0)
+    stride, dilation = _pair(conv.stride), _pair(conv.dilation)
+    if padding is None or stride is None or dilation is None:
+        return None
+    return stride, padding, dilation, conv.groups
+
+
+def _pair(value: object) -> Pair | None:
+    if type(value) is int:
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(type(v) is int for v in value):
+        return value[0], value[1]
+    return None  # "same" / "valid" padding, or anything else: left to torch

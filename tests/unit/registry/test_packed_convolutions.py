@@ -1,0 +1,180 @@
+"""Packed convolution weights: when they are used, when torch keeps the call, and that they change no number."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from service.registry.packed_convolutions import ConvCall, ConvPacks, conv_call, packed_convolutions
+from service.registry.probes import Placement
+
+PLACEMENT = Placement([3, 32, 32], torch.device("cpu"), torch.float32, True)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.body = nn.Conv2d(16, 16, 3, padding=1, groups=2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.stem(x)))
+        x = x + torch.relu(self.body(x))
+        return self.head(x.mean((2, 3)))  # type: ignore[no-any-return]
+
+
+def block() -> Block:
+    module = Block().eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.uniform_(-0.3, 0.3, generator=generator)
+    return module.to(memory_format=torch.channels_last)
+
+
+def packs_of(module: nn.Module) -> ConvPacks:
+    packs, reason = packed_convolutions([module], PLACEMENT)
+    assert packs is not None, reason
+    return packs
+
+
+def batch(n: int = 4, size: int = 32) -> torch.Tensor:
+    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(n))
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def test_packed_forwards_are_bit_identical_and_use_the_packs() -> None:
+    module = block()
+    packs = packs_of(module)
+    assert len(packs) == 2
+    assert packs.calls == 0  # the load-time check does not count
+    x = batch()
+    with torch.inference_mode():
+        want = module(x)
+        with packs.active():
+            got = module(x)
+    assert torch.equal(got, want)
+    assert packs.calls == 2
+
+
+def test_a_weight_changed_in_place_is_packed_again() -> None:
+    module = block()
+    packs = packs_of(module)
+    with torch.no_grad():
+        module.stem.weight.mul_(-2.0)
+    x = batch()
+    with torch.inference_mode():
+        want = module(x)
+        with packs.active():
+            got = module(x)
+    assert torch.equal(got, want)
+    assert packs.calls == 2
+
+
+def test_calls_that_record_autograd_stay_with_torch() -> None:
+    module = block()
+    packs = packs_of(module)
+    x = batch().requires_grad_(True)
+    with packs.active():
+        out = module(x)
+    assert out.grad_fn is not None
+    assert packs.calls == 0
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (want,) = torch.autograd.grad(module(x).sum(), x)
+    assert torch.equal(grad, want)
+
+
+def test_weights_it_did_not_pack_and_nchw_inputs_stay_with_torch() -> None:
+    module = block()
+    packs = packs_of(module)
+    other = torch.randn(16, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        with packs.active():
+            torch.conv2d(batch(), other, None, 2, 1)
+        assert packs.calls == 0
+        x = batch().contiguous()  # NCHW: oneDNN would answer in another layout than torch
+        want = module(x)
+        with packs.active():
+            got = module(x)
+    assert torch.equal(got, want)
+    assert packs.calls == 1  # `body` alone: torch's stem answers channels_last, as its weight is
+
+
+def test_shapes_torch_runs_on_another_kernel_stay_with_torch() -> None:
+    """torch sends small batch-1 inputs to its own (Slow2d) kernel; a packed call there would change the numbers."""
+    module = block()
+    packs = packs_of(module)
+    x = batch(1, 12)
+    with torch.inference_mode():
+        want = module(x)
+        with packs.active():
+            got = module(x)
+    assert torch.equal(got, want)
+    assert packs.calls < 2
+
+
+def test_the_mode_belongs_to_its_thread() -> None:
+    module = block()
+    packs = packs_of(module)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with packs.active():
+            entered.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait(10)
+    try:
+        with torch.inference_mode():
+            module(batch())
+    finally:
+        release.set()
+        holder.join()
+    assert packs.calls == 0
+
+
+def test_packs_that_change_a_number_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ConvPacks.run
+
+    def off_by_a_bit(self: ConvPacks, call: ConvCall) -> torch.Tensor | None:
+        out = real(self, call)
+        return None if out is None else out + 1e-7
+
+    monkeypatch.setattr(ConvPacks, "run", off_by_a_bit)
+    packs, reason = packed_convolutions([block()], PLACEMENT)
+    assert packs is None
+    assert reason == "its outputs on packed weights are not bit-identical to torch's"
+
+
+@pytest.mark.parametrize(
+    ("placement", "module", "reason"),
+    [
+        (Placement([3, 32, 32], torch.device("cpu"), torch.float32, False), block(), "NCHW"),
+        (Placement([3, 32, 32], torch.device("cpu"), torch.float64, True), block().double(), "float64"),
+        (Placement([4], torch.device("cpu"), torch.float32, True), nn.Linear(4, 2), "no Conv2d"),
+        (PLACEMENT, nn.Sequential(nn.Conv2d(3, 4, 3, padding="same"), nn.Flatten()), "no Conv2d"),
+    ],
+)
+def test_models_it_cannot_pack_say_why(placement: Placement, module: nn.Module, reason: str) -> None:
+    packs, why = packed_convolutions([module.eval()], placement)
+    assert packs is None
+    assert reason in why
+
+
+def test_conv_call_reads_positional_and_keyword_arguments() -> None:
+    x, w, b = torch.zeros(1, 3, 8, 8), torch.zeros(4, 3, 3, 3), torch.zeros(4)
+    call = conv_call((x, w), {"bias": b, "stride": (2, 1), "padding": 1, "groups": 1})
+    assert call is not None
+    assert call.bias is b
+    assert call.geometry == ((2, 1), (1, 1), (1, 1), 1)
+    assert conv_call((x, w, None, 1, 0, 2, 1), {}) == ConvCall(x, w, None, ((1, 1), (0, 0), (2, 2), 1))
+    assert conv_call((x, w), {"padding": "same"}) is None
+    assert conv_call((x, w), {"out": x}) is None
+    assert conv_call((x, [1.0]), {}) is None
