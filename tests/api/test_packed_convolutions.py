@@ -51,6 +51,7 @@ CONFIG = (
     + model("eager_predictions", onnxruntime="false", fuse="false")
     + model("fused_predictions", onnxruntime="false")
 )
+MODELS = ("packed", "plain", "nchw", "eager_predictions", "fused_predictions")
 LAYERS = ["stem", "relu", "grouped", "reflect", "point"]
 
 
@@ -75,15 +76,18 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Appends 1 for every conv2d call served from packed weights (on any thread)."""
-    calls: list[int] = []
+def packed_calls(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of this module's model for every conv2d call served from its packed weights (on any thread);
+    other servers' models, loading beside these tests, are not counted."""
+    fleet = client.app.state.hookserve.fleet  # type: ignore[attr-defined]
+    owners = {id(packs): name for name in MODELS if (packs := fleet.ready(name).model.conv_packs) is not None}
+    calls: list[str] = []
     real = ConvPacks.run
 
     def spy(self: ConvPacks, call: ConvCall) -> torch.Tensor | None:
         out = real(self, call)
-        if out is not None:
-            calls.append(1)
+        if out is not None and id(self) in owners:
+            calls.append(owners[id(self)])
         return out
 
     monkeypatch.setattr(ConvPacks, "run", spy)
@@ -125,25 +129,25 @@ def test_info_says_whether_convolutions_are_packed(client: TestClient) -> None:
     ],
 )
 def test_hooked_answers_are_bit_identical_to_unpacked_ones(
-    client: TestClient, packed_calls: list[int], path: str, body: dict[str, Any], packed_convolutions: int
+    client: TestClient, packed_calls: list[str], path: str, body: dict[str, Any], packed_convolutions: int
 ) -> None:
     """Only convolutions that record no autograd run on packs: up to the earliest differentiated layer's output."""
     plain = answer(client, path, "plain", **body)
     assert packed_calls == []
     packed = answer(client, path, "packed", **body)
     assert packed == plain
-    assert len(packed_calls) == packed_convolutions
+    assert packed_calls == ["packed"] * packed_convolutions
     assert client.get("/models/packed").json()["hooks"] == 0
 
 
 @pytest.mark.parametrize(("name", "path"), [("eager_predictions", "eager"), ("fused_predictions", "fused")])
 def test_predictions_on_torch_modules_use_packs_too(
-    client: TestClient, packed_calls: list[int], name: str, path: str
+    client: TestClient, packed_calls: list[str], name: str, path: str
 ) -> None:
     """The served module's packs, and a fused copy's own (its folded weights are other tensors)."""
     assert client.get(f"/models/{name}").json()["prediction_path"] == path
     answer(client, "/predict", name)
-    assert len(packed_calls) == 4
+    assert packed_calls == [name] * 4
 
 
 def test_batched_packed_answers_equal_answers_alone(client: TestClient) -> None:
