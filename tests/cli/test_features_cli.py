@@ -57,6 +57,16 @@ std = [0.25]
 grayscale = true
 """
 IMAGES = 48
+# `python -m service.cli ...` with SIGINT's default handler and an empty signal mask; says on stderr if it had other
+AS_FROM_A_TERMINAL = """\
+import runpy, signal, sys
+blocked, handler = signal.pthread_sigmask(signal.SIG_SETMASK, []), signal.getsignal(signal.SIGINT)
+if blocked or handler is not signal.default_int_handler:
+    print(f"started with SIGINT handler {handler} and blocked signals {blocked}", file=sys.stderr)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 OPTIONS = ["-l", "conv", "--reduce", "mean", "--shard-size", "8", "-b", "4", "-c", "1", "--no-progress"]
 
 
@@ -94,20 +104,24 @@ def test_ctrl_c_keeps_the_written_shards_and_the_same_command_resumes(
     command = [sys.executable, "-m", "service.cli", "features", "sleepy", str(images), "-o", str(out), *OPTIONS]
     command += ["--url", sleepy.base_url]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: Ctrl-C neither ignored nor blocked, whatever this test process inherited or set up
+    # (a child inherits an ignored SIGINT and a blocked signal mask, and then never sees the signal).
+    as_typed = [sys.executable, "-c", AS_FROM_A_TERMINAL, *command[1:]]
+    process = subprocess.Popen(as_typed, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while done_shards(out) < 1:  # wait for the first shard; the run needs 6 shards of ~0.4 s each
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "no shard written"
             time.sleep(0.02)
+        seen = f"{done_shards(out)} shards done at SIGINT, {time.monotonic() - deadline + 120:.2f} s after start"
         process.send_signal(signal.SIGINT)
-        _stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 130, stderr
+    assert process.returncode == 130, f"{seen}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}"
     assert "run the same command to resume" in stderr
     assert "Traceback" not in stderr
     index = FeatureIndex.load(out)
