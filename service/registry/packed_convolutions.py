@@ -89,11 +89,13 @@ class ConvPacks:
         pack = self._packs.get((id(weight), call.geometry))
         if pack is None or pack.weight() is not weight:
             return None
-        if not (type(x) is Tensor and x.device.type == "cpu" and x.dtype == weight.dtype and x.dim() == 4):
+        if not (type(x) is Tensor and x.device.type == "cpu" and x.dim() == 4):
+            return None
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.device.type != "cpu":
             return None
         if not x.is_contiguous(memory_format=torch.channels_last) or x.is_contiguous():
             return None  # NCHW (or 1x1 spatial) inputs: oneDNN would answer in another layout than torch
-        if bias is not None and not (type(bias) in (Tensor, nn.Parameter) and bias.dtype == weight.dtype):
+        if bias is not None and not (type(bias) in (Tensor, nn.Parameter) and bias.dtype == torch.float32):
             return None
         if torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -102,9 +104,12 @@ class ConvPacks:
         stride, padding, dilation, groups = call.geometry
         if torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation, False, [0, 0], groups) != ONEDNN:
             return None  # torch runs this shape on another kernel (small batch-1 inputs, for one): so must we
-        if weight._version != pack.version or weight.data_ptr() != pack.data_ptr:
-            with self._lock:
-                pack = self._packs[(id(weight), call.geometry)] = _pack(weight, call.geometry)
+        if _changed(pack, weight):
+            try:
+                with self._lock:
+                    pack = self._packs[(id(weight), call.geometry)] = _pack(weight, call.geometry)
+            except RuntimeError:  # a weight oneDNN cannot pack any more (made an inference tensor...): torch's
+                return None
         try:
             out: Tensor = torch.ops.mkldnn._convolution_pointwise(
                 x, pack.packed, bias, list(padding), list(stride), list(dilation), groups, "none", [], ""
@@ -199,6 +204,11 @@ def _pack(weight: Tensor, geometry: Geometry) -> _Pack:
             weight.detach(), list(padding), list(stride), list(dilation), groups, None
         )
     return _Pack(weakref.ref(weight), weight._version, weight.data_ptr(), packed)
+
+
+def _changed(pack: _Pack, weight: Tensor) -> bool:
+    """Whether `weight` was written in place (version counter) or given other storage since it was packed."""
+    return weight.is_inference() or weight._version != pack.version or weight.data_ptr() != pack.data_ptr
 
 
 def _packable(weight: Tensor) -> bool:

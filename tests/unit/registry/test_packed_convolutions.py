@@ -76,6 +76,19 @@ def test_a_weight_changed_in_place_is_packed_again() -> None:
     assert packs.calls == 2
 
 
+def test_a_model_moved_to_another_dtype_after_packing_runs_on_torch() -> None:
+    module = block()
+    packs = packs_of(module)
+    module.double()
+    x = batch().double()
+    with torch.inference_mode():
+        want = module(x)
+        with packs.active():
+            got = module(x)
+    assert torch.equal(got, want)
+    assert packs.calls == 0
+
+
 def test_calls_that_record_autograd_stay_with_torch() -> None:
     module = block()
     packs = packs_of(module)
