@@ -48,50 +48,45 @@ def batch(n: int = 4, size: int = 32) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def test_packed_forwards_are_bit_identical_and_use_the_packs() -> None:
-    module = block()
-    packs = packs_of(module)
-    assert len(packs) == 2
-    assert packs.calls == 0  # the load-time check does not count
-    x = batch()
+def assert_same_numbers(module: nn.Module, packs: ConvPacks, x: torch.Tensor) -> None:
+    """`module(x)` with the packs is bit-identical to `module(x)` without them (both under inference_mode)."""
     with torch.inference_mode():
         want = module(x)
         with packs.active():
             got = module(x)
     assert torch.equal(got, want)
+
+
+def packed_block() -> tuple[Block, ConvPacks]:
+    module = block()
+    return module, packs_of(module)
+
+
+def test_packed_forwards_are_bit_identical_and_use_the_packs() -> None:
+    module, packs = packed_block()
+    assert len(packs) == 2
+    assert packs.calls == 0  # the load-time check does not count
+    assert_same_numbers(module, packs, batch())
     assert packs.calls == 2
 
 
 def test_a_weight_changed_in_place_is_packed_again() -> None:
-    module = block()
-    packs = packs_of(module)
+    module, packs = packed_block()
     with torch.no_grad():
         module.stem.weight.mul_(-2.0)
-    x = batch()
-    with torch.inference_mode():
-        want = module(x)
-        with packs.active():
-            got = module(x)
-    assert torch.equal(got, want)
+    assert_same_numbers(module, packs, batch())
     assert packs.calls == 2
 
 
 def test_a_model_moved_to_another_dtype_after_packing_runs_on_torch() -> None:
-    module = block()
-    packs = packs_of(module)
+    module, packs = packed_block()
     module.double()
-    x = batch().double()
-    with torch.inference_mode():
-        want = module(x)
-        with packs.active():
-            got = module(x)
-    assert torch.equal(got, want)
+    assert_same_numbers(module, packs, batch().double())
     assert packs.calls == 0
 
 
 def test_calls_that_record_autograd_stay_with_torch() -> None:
-    module = block()
-    packs = packs_of(module)
+    module, packs = packed_block()
     x = batch().requires_grad_(True)
     with packs.active():
         out = module(x)
@@ -103,37 +98,24 @@ def test_calls_that_record_autograd_stay_with_torch() -> None:
 
 
 def test_weights_it_did_not_pack_and_nchw_inputs_stay_with_torch() -> None:
-    module = block()
-    packs = packs_of(module)
+    module, packs = packed_block()
     other = torch.randn(16, 3, 3, 3).contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode():
-        with packs.active():
-            torch.conv2d(batch(), other, None, 2, 1)
-        assert packs.calls == 0
-        x = batch().contiguous()  # NCHW: oneDNN would answer in another layout than torch
-        want = module(x)
-        with packs.active():
-            got = module(x)
-    assert torch.equal(got, want)
+    with torch.inference_mode(), packs.active():
+        torch.conv2d(batch(), other, None, 2, 1)
+    assert packs.calls == 0
+    assert_same_numbers(module, packs, batch().contiguous())  # NCHW: oneDNN would answer in NHWC
     assert packs.calls == 1  # `body` alone: torch's stem answers channels_last, as its weight is
 
 
 def test_shapes_torch_runs_on_another_kernel_stay_with_torch() -> None:
     """torch sends small batch-1 inputs to its own (Slow2d) kernel; a packed call there would change the numbers."""
-    module = block()
-    packs = packs_of(module)
-    x = batch(1, 12)
-    with torch.inference_mode():
-        want = module(x)
-        with packs.active():
-            got = module(x)
-    assert torch.equal(got, want)
+    module, packs = packed_block()
+    assert_same_numbers(module, packs, batch(1, 12))
     assert packs.calls < 2
 
 
 def test_the_mode_belongs_to_its_thread() -> None:
-    module = block()
-    packs = packs_of(module)
+    module, packs = packed_block()
     entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:
