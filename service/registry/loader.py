@@ -123,12 +123,12 @@ def conv_packs(
     wanted = spec.packed_convolutions if spec.packed_convolutions is not None else defaults.packed_convolutions
     if not wanted:
         return None, "packed_convolutions = false", False
-    if path.name == "fused" and path.module is not None:
-        packs, _ = packed_convolutions([module, path.module], placement)
-        if packs is not None:
-            return packs, "", True
-    packs, reason = packed_convolutions([module], placement)
-    return packs, reason, packs is not None and path.module is None
+    packs, reason = packed_convolutions(module, placement)
+    if packs is None:
+        return None, reason, False
+    if path.module is None:  # predictions run on the served module
+        return packs, "", True
+    return packs, "", path.name == "fused" and not packs.cover(path.module, placement)
 
 
 def warm_up_in_format(

@@ -119,6 +119,41 @@ class ConvPacks:
         self.calls += 1
         return out
 
+    def cover(self, module: nn.Module, placement: Placement) -> str:
+        """Pack `module`'s Conv2d weights too (it may share weights with modules packed before), kept only when
+        its outputs on the probe batches are bit-identical with and without the packs: "" or why not (then
+        nothing of `module` is kept). The probes' calls are not counted in `calls`."""
+        packs, calls = dict(self._packs), self.calls
+        why = self._cover(module, placement)
+        if why:
+            self._packs = packs
+        self.calls = calls
+        return why
+
+    def _cover(self, module: nn.Module, placement: Placement) -> str:
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                packed = [self.add(m) for m in module.modules() if isinstance(m, nn.Conv2d)]
+        except RuntimeError as exc:
+            return f"oneDNN cannot pack its weights ({first_line(exc)})"
+        if not any(packed):
+            return "no Conv2d layer with a float32 weight and integer padding"
+        calls = self.calls
+        for batch in PROBE_BATCHES:
+            x = placement.probe(batch)
+            try:
+                with torch.inference_mode():
+                    want = output_tensors(module(x))
+                    with self.active():
+                        got = output_tensors(module(x))
+            except (RuntimeError, ValueError, IndexError) as exc:
+                return f"a forward on packed weights failed ({first_line(exc)})"
+            if len(want) != len(got) or not all(torch.equal(w, g) for w, g in zip(want, got, strict=True)):
+                return "its outputs on packed weights are not bit-identical to torch's"
+        if self.calls == calls:
+            return "no convolution ran on a packed weight"
+        return ""
+
     @contextmanager
     def active(self) -> Iterator[None]:
         """Within: `conv2d` calls on packed weights (on this thread) run on their packs."""
@@ -157,11 +192,9 @@ def conv_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ConvCall | None
     return ConvCall(x, weight, bias, (stride, padding, dilation, groups))
 
 
-def packed_convolutions(modules: Sequence[nn.Module], placement: Placement) -> tuple[ConvPacks | None, str]:
-    """Packs for every Conv2d of `modules` (modules that may share weights), or (None, why not).
-
-    Kept only when each module's outputs on the probe batches are bit-identical with and without them.
-    """
+def packed_convolutions(module: nn.Module, placement: Placement) -> tuple[ConvPacks | None, str]:
+    """Packs for every Conv2d of `module`, kept when its outputs on the probe batches stay bit-identical;
+    or (None, why not)."""
     if placement.device.type != "cpu":
         return None, f"it runs on {placement.device.type}"
     if placement.dtype != torch.float32:
@@ -171,28 +204,9 @@ def packed_convolutions(modules: Sequence[nn.Module], placement: Placement) -> t
     if not (torch._C._has_mkldnn and torch.backends.mkldnn.enabled):
         return None, "torch has no oneDNN here"
     packs = ConvPacks()
-    try:
-        with torch.inference_mode(False), torch.no_grad():
-            packed = [packs.add(m) for module in modules for m in module.modules() if isinstance(m, nn.Conv2d)]
-    except RuntimeError as exc:
-        return None, f"oneDNN cannot pack its weights ({first_line(exc)})"
-    if not any(packed):
-        return None, "no Conv2d layer with a float32 weight and integer padding"
-    for module in modules:
-        for batch in PROBE_BATCHES:
-            x = placement.probe(batch)
-            try:
-                with torch.inference_mode():
-                    want = output_tensors(module(x))
-                    with packs.active():
-                        got = output_tensors(module(x))
-            except (RuntimeError, ValueError, IndexError) as exc:
-                return None, f"a forward on packed weights failed ({first_line(exc)})"
-            if len(want) != len(got) or not all(torch.equal(w, g) for w, g in zip(want, got, strict=True)):
-                return None, "its outputs on packed weights are not bit-identical to torch's"
-    if packs.calls == 0:
-        return None, "no convolution ran on a packed weight"
-    packs.calls = 0
+    why = packs.cover(module, placement)
+    if why:
+        return None, why
     log.info("hooked forwards: %d convolution weights packed for oneDNN", len(packs))
     return packs, ""
 

@@ -38,7 +38,7 @@ def block() -> Block:
 
 
 def packs_of(module: nn.Module) -> ConvPacks:
-    packs, reason = packed_convolutions([module], PLACEMENT)
+    packs, reason = packed_convolutions(module, PLACEMENT)
     assert packs is not None, reason
     return packs
 
@@ -143,7 +143,7 @@ def test_packs_that_change_a_number_are_refused(monkeypatch: pytest.MonkeyPatch)
         return None if out is None else out + 1e-7
 
     monkeypatch.setattr(ConvPacks, "run", off_by_a_bit)
-    packs, reason = packed_convolutions([block()], PLACEMENT)
+    packs, reason = packed_convolutions(block(), PLACEMENT)
     assert packs is None
     assert reason == "its outputs on packed weights are not bit-identical to torch's"
 
@@ -158,7 +158,7 @@ def test_packs_that_change_a_number_are_refused(monkeypatch: pytest.MonkeyPatch)
     ],
 )
 def test_models_it_cannot_pack_say_why(placement: Placement, module: nn.Module, reason: str) -> None:
-    packs, why = packed_convolutions([module.eval()], placement)
+    packs, why = packed_convolutions(module.eval(), placement)
     assert packs is None
     assert reason in why
 
