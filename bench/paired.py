@@ -137,7 +137,7 @@ def measure_pairs(
     log: Log,
     *,
     pairs: tuple[Pair, ...] = ISSUE_12_PAIRS,
-    rounds: int = 3,
+    rounds: int = 5,
     window_s: float = 8.0,
     idle_wait_s: float = 120.0,
     baseline_ref: str | None = None,

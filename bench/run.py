@@ -317,8 +317,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--paired-rounds",
         type=int,
-        default=3,
-        help="ABBA rounds of each issue-12 ratio in alternating windows (bench/paired.py; 0 skips them; default 3)",
+        default=5,
+        help="ABBA rounds of each issue-12 ratio in alternating windows (bench/paired.py; 0 skips them; default 5)",
     )
     ap.add_argument("--paired-window", type=float, default=8.0, help="seconds of each paired window (default 8)")
     ap.add_argument(

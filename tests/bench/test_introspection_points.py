@@ -101,7 +101,7 @@ def test_options_shorten_the_new_points_and_refuse_an_unknown_baseline() -> None
     assert plan.seconds(Kind.PREDICT_JPEG_MULTIPART) == 15.0
     quick = parse_args(["--quick"])
     assert (quick.introspection_duration, quick.mixed_duration) == (3.0, 3.0)
-    assert (args.paired_rounds, args.paired_window) == (3, 8.0)
+    assert (args.paired_rounds, args.paired_window) == (5, 8.0)
     assert (quick.paired_rounds, quick.paired_window) == (1, 3.0)
     assert parse_args(["--paired-rounds", "0"]).paired_rounds == 0  # skips the paired ratios
     with pytest.raises(SystemExit) as refused:
