@@ -91,7 +91,7 @@ class ConvPacks:
             return None
         if not (type(x) is Tensor and x.device.type == "cpu" and x.dim() == 4):
             return None
-        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        if x.dtype != torch.float32 or not _packable(weight):  # moved, cast or made an inference tensor since
             return None
         if not x.is_contiguous(memory_format=torch.channels_last) or x.is_contiguous():
             return None  # NCHW (or 1x1 spatial) inputs: oneDNN would answer in another layout than torch
@@ -108,7 +108,7 @@ class ConvPacks:
             try:
                 with self._lock:
                     pack = self._packs[(id(weight), call.geometry)] = _pack(weight, call.geometry)
-            except RuntimeError:  # a weight oneDNN cannot pack any more (made an inference tensor...): torch's
+            except RuntimeError:  # a weight oneDNN cannot pack any more: torch's
                 return None
         try:
             out: Tensor = torch.ops.mkldnn._convolution_pointwise(
@@ -222,7 +222,7 @@ def _pack(weight: Tensor, geometry: Geometry) -> _Pack:
 
 def _changed(pack: _Pack, weight: Tensor) -> bool:
     """Whether `weight` was written in place (version counter) or given other storage since it was packed."""
-    return weight.is_inference() or weight._version != pack.version or weight.data_ptr() != pack.data_ptr
+    return weight._version != pack.version or weight.data_ptr() != pack.data_ptr
 
 
 def _packable(weight: Tensor) -> bool:

@@ -85,6 +85,16 @@ def test_a_model_moved_to_another_dtype_after_packing_runs_on_torch() -> None:
     assert packs.calls == 0
 
 
+def test_a_weight_made_an_inference_tensor_runs_on_torch() -> None:
+    """oneDNN cannot pack an inference tensor: the call goes back to torch instead of raising."""
+    module, packs = packed_block()
+    with torch.inference_mode():
+        module.stem.weight.data = module.stem.weight.data.clone()
+    assert module.stem.weight.is_inference()
+    assert_same_numbers(module, packs, batch())
+    assert packs.calls == 1  # `body` alone
+
+
 def test_calls_that_record_autograd_stay_with_torch() -> None:
     module, packs = packed_block()
     x = batch().requires_grad_(True)
