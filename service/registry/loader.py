@@ -128,7 +128,12 @@ def conv_packs(
         return None, reason, False
     if path.module is None:  # predictions run on the served module
         return packs, "", True
-    return packs, "", path.name == "fused" and not packs.cover(path.module, placement)
+    if path.name != "fused":  # ONNX Runtime or a compiled module: no torch conv2d calls to serve
+        return packs, "", False
+    why = packs.cover(path.module, placement)
+    if why:
+        log.info("predictions on the fused copy keep torch's convolutions: %s", why)
+    return packs, "", not why
 
 
 def warm_up_in_format(
