@@ -9,26 +9,32 @@ copy instead: the same kernel on the same data, so the same numbers. The packs a
 the model's outputs on seeded probe batches are bit-identical with and without them.
 
 The module tree is never changed: hooks, `/layers`, summaries and state dicts see the model as it
-is, and the packs take effect only inside `ConvPacks.active()`, a TorchFunctionMode (thread-local)
-the executor enters around the forwards it runs on the eager module. A call is left to torch when
-it would record autograd (Grad-CAM's layers from its target on, input gradients), when its input
-is not channels_last, or when its weight, padding or dtype is not one that was packed; a weight
-changed in place (its version counter moves) is packed again before use.
+is, and the packs take effect only inside `ConvPacks.active()`, on the thread that entered it (the
+executor enters it around the forwards it runs on the eager module). A packed Conv2d routes its
+convolution through the packs: its `_conv_forward` (the method `Conv2d.forward` calls with the input
+and weight) is shadowed on the instance by one that asks the thread's active packs first and else
+calls its class's own. That costs one thread-local read per convolution; the TorchFunctionMode this
+replaced took a Python call for every torch function of the forward (~1 ms of resnet18's 20 at batch
+1). A class that overrides `_conv_forward` keeps its own, and copies of the module (hook lanes) keep
+the routing. A call is left to torch when it would record autograd (Grad-CAM's layers from its
+target on, input gradients), when its input is not channels_last, or when its weight, padding or
+dtype is not one that was packed; a weight changed in place (its version counter moves) is packed
+again before use.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import types
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
+from torch.nn import functional as F
 
 from service.errors import first_line
 from service.registry.probes import Placement, output_tensors
@@ -37,8 +43,6 @@ log = logging.getLogger("hookserve.loader")
 
 Pair = tuple[int, int]
 Geometry = tuple[Pair, Pair, Pair, int]  # stride, padding, dilation, groups
-CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-CONV_DEFAULTS: dict[str, Any] = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 PROBE_BATCHES = (1, 3)
 ONEDNN = torch._C._ConvBackend.Mkldnn  # type: ignore[attr-defined]  # (the stubs omit it)
 
@@ -81,6 +85,7 @@ class ConvPacks:
         key = (id(weight), geometry)
         if key not in self._packs:
             self._packs[key] = _pack(weight, geometry)
+        _route(conv)
         return True
 
     def run(self, call: ConvCall) -> Tensor | None:
@@ -156,40 +161,39 @@ class ConvPacks:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        """Within: `conv2d` calls on packed weights (on this thread) run on their packs."""
-        with _PackedConvMode(self):
+        """Within: convolutions of packed Conv2d layers (on this thread) run on their packs."""
+        before = getattr(_ACTIVE, "packs", None)
+        _ACTIVE.packs = self
+        try:
             yield
+        finally:
+            _ACTIVE.packs = before
 
 
-class _PackedConvMode(TorchFunctionMode):
-    def __init__(self, packs: ConvPacks) -> None:
-        super().__init__()
-        self.packs = packs
-
-    def __torch_function__(
-        self, func: Any, types: Sequence[type], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.conv2d:
-            call = conv_call(args, kwargs)
-            if call is not None and (out := self.packs.run(call)) is not None:
-                return out
-        return func(*args, **kwargs)
+_ACTIVE = threading.local()  # `packs`: the ConvPacks active on this thread, if any
 
 
-def conv_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ConvCall | None:
-    """`torch.conv2d`'s arguments, or None when they are not plain tensors and integer geometry."""
-    if len(args) > len(CONV_ARGS) or not set(kwargs) <= set(CONV_ARGS):
-        return None
-    values = {**CONV_DEFAULTS, **dict(zip(CONV_ARGS, args, strict=False)), **kwargs}
-    x, weight, bias = values.get("input"), values.get("weight"), values.get("bias")
-    if not isinstance(x, Tensor) or not isinstance(weight, Tensor) or not (bias is None or isinstance(bias, Tensor)):
-        return None
-    stride, padding, dilation = (_pair(values[k]) for k in ("stride", "padding", "dilation"))
-    groups = values["groups"]
-    if stride is None or padding is None or dilation is None or type(groups) is not int:
-        return None
-    return ConvCall(x, weight, bias, (stride, padding, dilation, groups))
+def _route(conv: nn.Conv2d) -> None:
+    """Shadow `conv._conv_forward` with `_packed_conv_forward` bound to it (once per module)."""
+    if "_conv_forward" in vars(conv) or type(conv)._conv_forward is not nn.Conv2d._conv_forward:
+        return  # routed already, or its class computes its convolution its own way
+    conv._conv_forward = types.MethodType(_packed_conv_forward, conv)  # type: ignore[method-assign]
+
+
+def _packed_conv_forward(conv: nn.Conv2d, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`Conv2d._conv_forward` on the thread's active packs when they hold this call, else torch's.
+
+    A method bound to its module, so a deep copy of the module (a hook lane) is routed through its own copy."""
+    packs: ConvPacks | None = getattr(_ACTIVE, "packs", None)
+    if packs is not None and (geometry := _module_geometry(conv)) is not None:
+        x = input
+        if conv.padding_mode != "zeros":  # as Conv2d._conv_forward: pad, then convolve with padding 0
+            x = F.pad(input, conv._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        out = packs.run(ConvCall(x, weight, bias, geometry))
+        if out is not None:
+            return out
+    result: Tensor = nn.Conv2d._conv_forward(conv, input, weight, bias)
+    return result
 
 
 def packed_convolutions(module: nn.Module, placement: Placement) -> tuple[ConvPacks | None, str]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
 import torch
 from torch import nn
 
-from service.registry.packed_convolutions import ConvCall, ConvPacks, conv_call, packed_convolutions
+from service.registry.packed_convolutions import ConvCall, ConvPacks, packed_convolutions
 from service.registry.probes import Placement
 
 PLACEMENT = Placement([3, 32, 32], torch.device("cpu"), torch.float32, True)
@@ -124,7 +125,7 @@ def test_shapes_torch_runs_on_another_kernel_stay_with_torch() -> None:
     assert packs.calls < 2
 
 
-def test_the_mode_belongs_to_its_thread() -> None:
+def test_the_packs_are_active_on_their_thread_alone() -> None:
     module, packs = packed_block()
     entered, release = threading.Event(), threading.Event()
 
@@ -173,13 +174,40 @@ def test_models_it_cannot_pack_say_why(placement: Placement, module: nn.Module, 
     assert reason in why
 
 
-def test_conv_call_reads_positional_and_keyword_arguments() -> None:
-    x, w, b = torch.zeros(1, 3, 8, 8), torch.zeros(4, 3, 3, 3), torch.zeros(4)
-    call = conv_call((x, w), {"bias": b, "stride": (2, 1), "padding": 1, "groups": 1})
-    assert call is not None
-    assert call.bias is b
-    assert call.geometry == ((2, 1), (1, 1), (1, 1), 1)
-    assert conv_call((x, w, None, 1, 0, 2, 1), {}) == ConvCall(x, w, None, ((1, 1), (0, 0), (2, 2), 1))
-    assert conv_call((x, w), {"padding": "same"}) is None
-    assert conv_call((x, w), {"out": x}) is None
-    assert conv_call((x, [1.0]), {}) is None
+def test_a_deep_copy_of_the_module_runs_its_own_convolutions_on_the_packs() -> None:
+    """Hook lanes are deep copies made after packing: each routes through its own Conv2d objects (hooks on a
+    lane's conv fire for the lane only) and still runs on the packs, with the same numbers."""
+    module, packs = packed_block()
+    lane = copy.deepcopy(module, memo={id(t): t for t in [*module.parameters(), *module.buffers()]})
+    seen: list[str] = []
+    lane.body.register_forward_hook(lambda *_: seen.append("lane"))
+    module.body.register_forward_hook(lambda *_: seen.append("served"))
+    with torch.inference_mode():
+        want = module(batch())
+        seen.clear()
+        with packs.active():
+            got = lane(batch())
+    assert torch.equal(got, want)
+    assert seen == ["lane"]
+    assert packs.calls == 2
+
+
+class Standardized(nn.Conv2d):
+    """A conv whose class computes its convolution its own way (weight standardization)."""
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        weight = (weight - weight.mean((1, 2, 3), keepdim=True)) / (weight.std((1, 2, 3), keepdim=True) + 1e-5)
+        out: torch.Tensor = super()._conv_forward(input, weight, bias)
+        return out
+
+
+def test_reflect_padding_runs_on_the_packs_and_an_overridden_conv_forward_is_kept() -> None:
+    module = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, padding_mode="reflect"), nn.ReLU(), Standardized(8, 8, 3, padding=1)
+    )
+    module = module.eval().to(memory_format=torch.channels_last)
+    packs = packs_of(module)
+    calls = packs.calls
+    assert_same_numbers(module, packs, batch())
+    assert packs.calls == calls + 1  # the reflect-padded conv; Standardized convolves its own weight with torch
+    assert "_conv_forward" not in vars(module[2])
