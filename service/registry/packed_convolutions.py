@@ -80,8 +80,8 @@ class ConvPacks:
         """Pack `conv`'s weight for the geometry its forward calls `conv2d` with; False when it cannot be."""
         geometry = _module_geometry(conv)
         weight = conv.weight
-        if geometry is None or not _packable(weight):
-            return False
+        if geometry is None or not _packable(weight) or type(conv)._conv_forward is not nn.Conv2d._conv_forward:
+            return False  # (a class with its own `_conv_forward` convolves its own way: it is never routed)
         key = (id(weight), geometry)
         if key not in self._packs:
             self._packs[key] = _pack(weight, geometry)
@@ -132,6 +132,7 @@ class ConvPacks:
         why = self._cover(module, placement)
         if why:
             self._packs = packs
+            _unroute(module)
         self.calls = calls
         return why
 
@@ -175,9 +176,16 @@ _ACTIVE = threading.local()  # `packs`: the ConvPacks active on this thread, if 
 
 def _route(conv: nn.Conv2d) -> None:
     """Shadow `conv._conv_forward` with `_packed_conv_forward` bound to it (once per module)."""
-    if "_conv_forward" in vars(conv) or type(conv)._conv_forward is not nn.Conv2d._conv_forward:
-        return  # routed already, or its class computes its convolution its own way
-    conv._conv_forward = types.MethodType(_packed_conv_forward, conv)  # type: ignore[method-assign]
+    if "_conv_forward" not in vars(conv):
+        conv._conv_forward = types.MethodType(_packed_conv_forward, conv)  # type: ignore[method-assign]
+
+
+def _unroute(module: nn.Module) -> None:
+    """Take the routing off `module`'s Conv2d layers: a model whose packs were refused is left as it was."""
+    for conv in module.modules():
+        routed = vars(conv).get("_conv_forward")
+        if isinstance(routed, types.MethodType) and routed.__func__ is _packed_conv_forward:
+            del conv._conv_forward
 
 
 def _packed_conv_forward(conv: nn.Conv2d, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

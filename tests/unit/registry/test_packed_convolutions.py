@@ -154,9 +154,11 @@ def test_packs_that_change_a_number_are_refused(monkeypatch: pytest.MonkeyPatch)
         return None if out is None else out + 1e-7
 
     monkeypatch.setattr(ConvPacks, "run", off_by_a_bit)
-    packs, reason = packed_convolutions(block(), PLACEMENT)
+    module = block()
+    packs, reason = packed_convolutions(module, PLACEMENT)
     assert packs is None
     assert reason == "its outputs on packed weights are not bit-identical to torch's"
+    assert not any("_conv_forward" in vars(m) for m in module.modules())  # the refused model is left as it was
 
 
 @pytest.mark.parametrize(
