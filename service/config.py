@@ -121,7 +121,16 @@ class Settings(BaseSettings):
     max_conductance_steps: int = Field(
         512, description="Layer conductance steps (layer_integrated_gradients takes max_ig_steps)."
     )
-    max_upload_bytes: int = 2048 * MiB
+    max_upload_bytes: int = Field(2048 * MiB, ge=1, description="One checkpoint upload (POST /checkpoints/inspect).")
+    max_concurrent_uploads: int = Field(
+        2, ge=1, description="Checkpoint uploads received at once; 503 with Retry-After past it."
+    )
+    max_upload_scratch_bytes: int = Field(
+        4096 * MiB,
+        ge=1,
+        description="Scratch disk all uploads in progress may hold together (each is written once, then removed); "
+        "503 with Retry-After past it.",
+    )
     max_checkpoint_entries: int = Field(
         100_000,
         ge=1,

@@ -37,6 +37,7 @@ from service.api.routes import (
     v2,
 )
 from service.api.shutdown import AnswerWhenCutMiddleware, ShutdownNotice
+from service.api.uploads import UploadSlots
 from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.registry.builtin import ZOO_DIR, builtin_specs
@@ -92,7 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             thread_name_prefix="hookserve-decode",
             initializer=start_decode_thread,
         )
-        state = AppState(settings=settings, fleet=fleet, plane=DataPlane(settings, fleet, pool))
+        uploads = UploadSlots(settings.max_concurrent_uploads, settings.max_upload_scratch_bytes)
+        uploads.start()
+        state = AppState(settings=settings, fleet=fleet, plane=DataPlane(settings, fleet, pool), uploads=uploads)
         app.state.hookserve = state
         if settings.config is not None:
             for spec in load_specs(Path(settings.config)):
@@ -106,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             state.draining = True
             await fleet.close()
             pool.shutdown(wait=False, cancel_futures=True)
+            uploads.close()
 
     app = FastAPI(
         title="hookserve",

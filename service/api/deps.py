@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
+from service.api.uploads import UploadSlots
 from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.runtime.fleet import Fleet, ServedModel
@@ -19,6 +20,7 @@ class AppState:
     settings: Settings
     fleet: Fleet
     plane: DataPlane
+    uploads: UploadSlots
     draining: bool = False
 
 
