@@ -8,6 +8,7 @@ with the classification extension.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -276,6 +277,33 @@ def encode_infer(
     if json_size > settings.max_json_response_bytes:
         raise TooLarge(_too_big("JSON", json_size, settings.max_json_response_bytes, "max_json_response_bytes"))
     return body, header_length
+
+
+def check_answer_size(
+    decoded: DecodedInfer, expected: Mapping[str, tuple[tuple[int, ...], int]], settings: Settings
+) -> None:
+    """The answer limits checked before the forward, as `encode_infer` checks them after it: `expected` gives each
+    output's shape (the whole batch's) and item size, as far as the model's layer shapes tell (a name not in it is
+    checked only when encoded)."""
+    requests = decoded.outputs
+    if requests is None:
+        requests = [OutputRequest(name, decoded.default_binary) for name in expected if is_model_output(name)]
+    json_elements = binary_bytes = 0
+    for req in requests:
+        found = expected.get(req.name)
+        if found is None:
+            continue
+        shape, itemsize = found
+        numel = math.prod(shape)
+        if req.classification:  # k strings for each row of the last dimension
+            json_elements += (
+                numel // max(1, shape[-1] if shape else 1) * min(req.classification, shape[-1] if shape else 1)
+            )
+        elif req.binary:
+            binary_bytes += numel * itemsize
+        else:
+            json_elements += numel
+    _check_sizes(json_elements, binary_bytes, settings)
 
 
 def _check_sizes(json_elements: int, binary_bytes: int, settings: Settings) -> None:

@@ -20,6 +20,7 @@ from service.codecs.oip_infer import (
     OUTPUT_PREFIX,
     DecodedInfer,
     TensorInfo,
+    check_answer_size,
     datatype_of,
     decode_body,
     encode_infer,
@@ -29,6 +30,7 @@ from service.dataplane.base import PlaneBase
 from service.dataplane.costs import activations_cost
 from service.errors import InvalidField, NotFound
 from service.introspection.layers import closest_names
+from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.fleet import ServedModel, Status
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
@@ -100,7 +102,9 @@ class OpenInference(PlaneBase):
         decoded = await self.off_loop(decode_body, raw, encoding, header_length, model, self.settings)
         batch = decoded.batch
         shapes = model.layer_shapes.at(tuple(int(s) for s in batch.shape[1:]))
-        layers = sorted(set(plan_outputs(model, [o.name for o in decoded.outputs or []]).layers.values()))
+        plan = plan_outputs(model, [o.name for o in decoded.outputs or []])
+        check_answer_size(decoded, _expected_outputs(shapes, plan, int(batch.shape[0])), self.settings)
+        layers = sorted(set(plan.layers.values()))
         estimate = activations_cost(batch, shapes, CaptureRequest(tuple(layers), Capture.output), "safetensors")
         async with self.budget.reserve(estimate.cost, "send fewer or smaller inputs, or ask for fewer layer outputs"):
             tensors = await _infer(served, decoded)
@@ -109,6 +113,14 @@ class OpenInference(PlaneBase):
             else:
                 content, length = encode_infer(model, decoded, tensors, self.settings)
         return InferAnswer(content, length)
+
+
+def _expected_outputs(shapes: LayerShapes, plan: OutputPlan, n: int) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Each output the answer may carry, as (shape for `n` samples, item size): the model's outputs (`output__i`,
+    its root module's outputs in order) and the requested layer keys, from the layer shapes at the input's size."""
+    expected = {f"{OUTPUT_PREFIX}{i}": t for i, t in enumerate(shapes.outputs.get("", []))}
+    expected |= {key: shapes.outputs[key][0] for key in plan.layers if shapes.outputs.get(key)}
+    return {name: ((n, t.per_sample_numel), t.itemsize) for name, t in expected.items()}
 
 
 async def _output_info(served: ServedModel) -> list[TensorInfo]:

@@ -20,10 +20,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+import service.dataplane.oip as oip_plane
 from service.config import Settings
 from service.main import create_app
 from service.registry.builtin import ZOO_DIR
 from service.zoo.lenet import LeNet, load_lenet, samples_dir
+from tests.helpers.waiting import wait_until
 
 ADMIN = "s3cret"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -417,6 +419,38 @@ def test_json_only_answer_and_trailing_bytes(raw: TestClient) -> None:
     )
     assert response.status_code == 400
     assert response.json() == {"error": "4 bytes after the JSON header that no input's binary_data_size claims"}
+
+
+def test_an_answer_over_the_json_limit_is_refused_before_the_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conv1's output (6 x 28 x 28 numbers a digit) cannot fit a 4 KiB JSON answer: 413 without running the model,
+    as REST refuses an answer too large on its estimate; as binary_data it is within its limit and runs."""
+    forwards: list[str] = []
+    infer = oip_plane._infer
+
+    async def counted(served: Any, decoded: Any) -> Any:
+        forwards.append(served.model.name)
+        return await infer(served, decoded)
+
+    monkeypatch.setattr(oip_plane, "_infer", counted)
+    config = tmp_path / "models.toml"
+    config.write_text(LENET_ONLY)
+    settings = Settings(config=config, model_dir=Path(ZOO_DIR), worker_threads=1, max_json_response_bytes=4096)
+    x = digits(1, seed=2)
+    with TestClient(make_app(settings)) as client:
+        wait_until(lambda: client.get("/models/lenet").json()["status"] == "ready", "lenet to load")
+        as_json = {"outputs": [{"name": "conv1", "parameters": {"binary_data": False}}]}
+        response = client.post("/v2/models/lenet/infer", json=infer_body(x, **as_json))
+        assert response.status_code == 413, response.text
+        assert "max_json_response_bytes" in response.json()["error"]
+        assert forwards == []
+        as_binary = {"outputs": [{"name": "conv1", "parameters": {"binary_data": True}}]}
+        response = client.post("/v2/models/lenet/infer", json=infer_body(x, **as_binary))
+        assert response.status_code == 200, response.text
+        assert forwards == ["lenet"]
+        big_logits = infer_body(digits(MAX_INPUTS, seed=3), parameters={"binary_data_output": False})
+        assert client.post("/v2/models/lenet/infer", json=big_logits).status_code == 200  # 60 numbers fit
 
 
 def test_bytes_input_in_json(raw: TestClient) -> None:
