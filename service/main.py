@@ -15,6 +15,7 @@ from service import __version__
 from service.api.deps import AppState
 from service.api.disconnect import CancelOnDisconnectMiddleware
 from service.api.errors import install_error_handlers
+from service.api.headers import EveryAnswerHeadersMiddleware
 from service.api.limits import BodyLimitMiddleware
 from service.api.metrics import job_observer, removal_observer
 from service.api.observability import install_observability
@@ -146,5 +147,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     notice = ShutdownNotice()  # `python -m service` cuts what still runs when the shutdown grace period ends
     app.state.shutdown_notice = notice
     app.add_middleware(AnswerWhenCutMiddleware, notice=notice, envelopes={v2.PREFIX: v2.oip_error_body})
-    install_observability(app, settings)  # outermost: sees every request, 413s included
+    install_observability(app, settings)  # sees every request, 413s included
+    app.add_middleware(EveryAnswerHeadersMiddleware)  # outermost: every answer, whoever wrote it
     return app

@@ -141,7 +141,7 @@ def _model_name(scope: Scope, route: str) -> str:
 
 
 def install_observability(app: FastAPI, settings: Settings) -> Metrics:
-    """Add the middleware (outermost: call after every other `add_middleware`).
+    """Add the middleware (call after every other `add_middleware` but `EveryAnswerHeadersMiddleware`'s).
 
     Idempotent: a second call on the same app returns the installed Metrics. `settings` is
     accepted so the wiring reads like the other installers; the log level is applied by
