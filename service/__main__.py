@@ -8,6 +8,7 @@ openmp_env.apply()  # before anything imports torch (and with it libgomp)
 
 import argparse
 import asyncio
+import atexit
 import logging
 import math
 import os
@@ -15,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -29,6 +31,7 @@ from service.config import Settings
 from service.config_check import settings_or_exit
 from service.main import create_app
 
+SETTLE_S = 0.5  # how long threads the server started may take to end once it stopped, before it leaves without them
 CUT_MARGIN_S = 2  # uvicorn's own cancel, a backstop after the notice has answered what was still running
 log = logging.getLogger("hookserve")
 
@@ -72,20 +75,23 @@ class GracefulServer(uvicorn.Server):
             )
 
 
-def exit_past_stragglers(existing: set[threading.Thread], code: int = 0) -> None:
-    """Leave at once if model threads started after `existing` still run (a job cut at the grace period, still
-    inside torch, or a load that never returned).
+def exit_past_stragglers(existing: set[threading.Thread], code: int = 0, settle_s: float = SETTLE_S) -> None:
+    """Leave at once if threads the server started after `existing` still run `settle_s` after it stopped: a job
+    cut at the grace period still inside torch, a load that never returned, or a decode or encoding still busy on
+    the decode pool.
 
-    At interpreter exit such threads can crash the process mid-forward (SIGSEGV); their requests
-    were answered already, so nothing is lost by not waiting for them."""
-    stragglers = [
-        t.name
-        for t in threading.enumerate()
-        if t not in existing and t.daemon and t.name.startswith("hookserve-")  # enumerate lists live threads
-    ]
+    At interpreter exit, model threads (daemons) can crash the process mid-forward (SIGSEGV), and the decode
+    pool's threads (not daemons) are waited for however long their work takes (a slow decode held a 1 s grace
+    period's exit for 13 s); their requests were answered already, so nothing is lost by not waiting for them.
+    Idle pool threads end within `settle_s` once their pool is shut down."""
+    deadline = time.monotonic() + settle_s
+    ours = [t for t in threading.enumerate() if t not in existing and t.name.startswith("hookserve-")]
+    for thread in ours:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stragglers = [t.name for t in ours if t.is_alive()]  # enumerate lists live threads
     if not stragglers:
         return
-    log.warning("exiting with %d model thread(s) still running: %s", len(stragglers), ", ".join(stragglers))
+    log.warning("exiting with %d server thread(s) still running: %s", len(stragglers), ", ".join(stragglers))
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -106,15 +112,28 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 
 
 def serve(app: FastAPI, settings: Settings) -> None:
-    """Serve `app` until SIGTERM or SIGINT, then leave without waiting for model threads it started."""
+    """Serve `app` until SIGTERM or SIGINT, then leave without waiting for threads it started or for the
+    interpreter's teardown."""
     server = GracefulServer(uvicorn_config(app, settings), app.state.shutdown_notice, settings.shutdown_grace_s)
     existing = set(threading.enumerate())
+    code = 0
     try:
         server.run()
     except SystemExit as exc:
-        exit_past_stragglers(existing, exc.code if isinstance(exc.code, int) else 1)
-        raise
-    exit_past_stragglers(existing)
+        code = exc.code if isinstance(exc.code, int) else 1
+    exit_past_stragglers(existing, code)
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """Exit once the server has stopped: atexit handlers run and output is flushed, but the interpreter's own
+    teardown is skipped (freeing every module and resident model one object at a time took ~2 s of a 1 s grace
+    period's exit)."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

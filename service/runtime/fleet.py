@@ -27,7 +27,10 @@ from service.runtime.threads import ThreadBudget
 from service.specs.model import ModelSpec
 
 log = logging.getLogger("hookserve.registry")
-CLOSE_WITHIN_S = 2.0  # how long closing the fleet lets each model's jobs finish (all models at once)
+# How long closing the fleet lets each model's jobs finish (all models at once). By then the shutdown grace period
+# has passed and every request still running was answered 503, so a job left is abandoned: it stops at its next
+# forward, or the process leaves without it.
+CLOSE_WITHIN_S = 0.5
 
 
 class Status(StrEnum):

@@ -160,21 +160,36 @@ from service.config import Settings
 def straggler():
     threading.Thread(target=time.sleep, args=(600,), name="hookserve-m-0", daemon=True).start()
 
+def busy_decoder():  # a decode pool thread (not a daemon) still decoding: the interpreter would wait for it
+    threading.Thread(target=time.sleep, args=(600,), name="hookserve-decode_0", daemon=False).start()
+
+def idle_decoder():  # one that ends as soon as its pool is shut down
+    threading.Thread(target=time.sleep, args=(0.05,), name="hookserve-decode_1", daemon=False).start()
+
 if sys.argv[1] == "straggler-before":
     straggler()
 existing = set(threading.enumerate())
 if sys.argv[1] == "straggler":
     straggler()
+if sys.argv[1] == "busy-decoder":
+    busy_decoder()
+if sys.argv[1] == "idle-decoder":
+    idle_decoder()
 entry.exit_past_stragglers(existing, 0)
 print("returned", flush=True)
 """
 
 
-@pytest.mark.parametrize(("threads", "returns"), [("straggler", False), ("straggler-before", True), ("none", True)])
+@pytest.mark.parametrize(
+    ("threads", "returns"),
+    [("straggler", False), ("busy-decoder", False), ("idle-decoder", True), ("straggler-before", True), ("none", True)],
+)
 def test_exit_past_stragglers_exits_at_once_only_while_model_threads_run(threads: str, returns: bool) -> None:
-    """A model thread the server started still running (a job cut at the grace period) makes the process leave at
-    once with code 0, instead of exiting the interpreter around a thread inside torch; with none, or only threads
-    that were there before the server started (another app's in a test process), it returns (normal exit)."""
+    """A thread the server started still running (a job cut at the grace period, a decode still busy) makes the
+    process leave at once with code 0, instead of exiting the interpreter around a thread inside torch or waiting
+    for a decode; with none, threads that end within the settling time, or only threads that were there before the
+    server started (another app's in a test process), it returns (normal exit). A child that waited for the busy
+    decoder would run past the timeout."""
     child = subprocess.run(
         [sys.executable, "-c", STRAGGLER_CHILD, threads],
         check=False,
@@ -184,6 +199,32 @@ def test_exit_past_stragglers_exits_at_once_only_while_model_threads_run(threads
     )
     assert child.returncode == 0, child.stderr
     assert ("returned" in child.stdout) is returns
+
+
+LEAVE_CHILD = """
+import atexit, sys
+import service.__main__ as entry
+
+class Heavy:
+    def __del__(self):
+        print("finalized", flush=True)
+
+kept = Heavy()  # freed only by the interpreter's teardown
+atexit.register(lambda: print("atexit ran", flush=True))
+print("leaving", flush=True)
+entry.leave(int(sys.argv[1]))
+print("returned", flush=True)
+"""
+
+
+def test_leave_runs_atexit_handlers_but_not_the_interpreters_teardown() -> None:
+    """After the server stopped, the process runs its atexit handlers, flushes what it printed and exits with the
+    server's code, without the interpreter's teardown of every module and model (seconds with models resident)."""
+    child = subprocess.run(
+        [sys.executable, "-c", LEAVE_CHILD, "3"], check=False, capture_output=True, text=True, timeout=PATIENCE_S
+    )
+    assert child.returncode == 3, child.stderr
+    assert child.stdout.split() == ["leaving", "atexit", "ran"]
 
 
 def test_sigterm_under_load_answers_every_client_and_exits_0(tmp_path: Path) -> None:
