@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -19,6 +19,13 @@ def _half_the_memory() -> int:
     except (ValueError, OSError, AttributeError):
         total = 16 * 1024 * MiB
     return max(1024 * MiB, total // 2)
+
+
+def _off_is_none(value: Any) -> Any:
+    return None if isinstance(value, str) and value.strip().lower() in ("off", "none", "") else value
+
+
+OptionalPort = Annotated[Annotated[int, Field(ge=0, le=65535)] | None, BeforeValidator(_off_is_none)]  # 0: a free port
 
 
 def _default_threads() -> int:
@@ -34,6 +41,9 @@ class Settings(BaseSettings):
     model_dir: Path = Field(Path("models"), description="Root of every server-side path.")
     host: str = "127.0.0.1"
     port: int = 8000
+    # the fronts beside HTTP, each on a port of its own; "off" (or null) serves none
+    grpc_port: OptionalPort = Field(8001, description="KServe v2 / Triton gRPC (inference.GRPCInferenceService).")
+    torchserve_management_port: OptionalPort = Field(8081, description="TorchServe-compatible management API.")
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N | mps")
     admin_token: str | None = Field(None, description="Bearer token for admin calls; unset = disabled.")
     allow_downloads: bool = Field(False, description='Allow weights = "DEFAULT" to download.')

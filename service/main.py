@@ -41,6 +41,7 @@ from service.api.shutdown import AnswerWhenCutMiddleware, ShutdownNotice
 from service.api.uploads import UploadSlots
 from service.config import Settings
 from service.dataplane.plane import DataPlane
+from service.fronts import side_fronts
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.runtime.fleet import Fleet
 from service.runtime.threads import start_decode_thread
@@ -105,7 +106,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for spec in builtin_specs():
                 fleet.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
         try:
-            yield
+            async with side_fronts(app, state):  # gRPC and TorchServe's management API, on their own ports
+                yield
         finally:
             state.draining = True
             await fleet.close()

@@ -6,6 +6,7 @@ import base64
 import copy
 import io
 import json
+import os
 import shutil
 import struct
 import time
@@ -30,6 +31,11 @@ from service.specs.model import MemoryFormat
 from service.zoo.lenet import LENET_MEAN, LENET_STD, labels_path, lenet_preprocess_spec, samples_dir, weights_path
 
 torch.set_num_threads(1)
+
+# The fronts beside HTTP listen on fixed ports by default (gRPC 8001, TorchServe management 8081): tests never
+# bind a fixed port, so apps and servers the tests start serve none unless a test asks for one on port 0.
+os.environ["HOOKSERVE_GRPC_PORT"] = "off"
+os.environ["HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT"] = "off"
 
 ClientFactory = Callable[..., TestClient]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,31 +176,52 @@ def decode_infer(header: bytes, binary: bytes, model: LoadedModel, settings: Set
     except ValidationError as exc:
         problems = (f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
         raise InvalidField("invalid inference request: " + "; ".join(problems)) from None
-    if len(request.inputs) != 1:
-        names = [t.name for t in request.inputs]
-        raise InvalidField(f"{model.name} takes one input, {INPUT_NAME!r}; got {names}")
+    check_inputs([t.name for t in request.inputs], model)
     tensor = request.inputs[0]
-    if tensor.name != INPUT_NAME:
-        raise InvalidField(f"unknown input {tensor.name!r}; {model.name} takes {INPUT_NAME!r}")
     raw, rest = _binary_part(tensor, binary)
     if rest:
         raise BadInput(f"{len(rest)} bytes after the JSON header that no input's binary_data_size claims")
     array = decode_tensor(tensor.name, tensor.shape, tensor.datatype, tensor.data, raw)
-    if tensor.datatype is Datatype.BYTES:
-        batch = image_batch(array, model, settings.max_inputs, settings.max_image_pixels)
-    else:
-        batch = tensor_batch(array, tensor.datatype, model, settings.max_inputs)
+    batch = model_batch(tensor.datatype, array, model, settings)
     params = request.parameters or {}
     default_binary = _flag(params, "binary_data_output", "parameters")
     outputs = None
     if request.outputs:  # absent or empty: every model output
-        outputs = [_output_request(o, default_binary) for o in request.outputs]
-        names = [o.name for o in outputs]
-        if len(set(names)) != len(names):
-            raise InvalidField(f"an output is requested twice: {names}")
-        if len(names) > settings.max_layers:
-            raise InvalidField(f"{len(names)} outputs requested, over the limit of {settings.max_layers} (max_layers)")
+        outputs = check_outputs([_output_request(o, default_binary) for o in request.outputs], settings)
     return DecodedInfer(request.id, batch, outputs, default_binary)
+
+
+def check_inputs(names: Sequence[str], model: LoadedModel) -> None:
+    """The request names exactly the model's one input (before any data is decoded)."""
+    if len(names) != 1:
+        raise InvalidField(f"{model.name} takes one input, {INPUT_NAME!r}; got {list(names)}")
+    if names[0] != INPUT_NAME:
+        raise InvalidField(f"unknown input {names[0]!r}; {model.name} takes {INPUT_NAME!r}")
+
+
+def model_batch(
+    datatype: Datatype, array: np.ndarray[Any, Any], model: LoadedModel, settings: Settings
+) -> torch.Tensor:
+    """The input's array as the model's batch: encoded images (BYTES) or numbers."""
+    if datatype is Datatype.BYTES:
+        return image_batch(array, model, settings.max_inputs, settings.max_image_pixels)
+    return tensor_batch(array, datatype, model, settings.max_inputs)
+
+
+def check_outputs(outputs: list[OutputRequest], settings: Settings) -> list[OutputRequest]:
+    names = [o.name for o in outputs]
+    if len(set(names)) != len(names):
+        raise InvalidField(f"an output is requested twice: {names}")
+    if len(names) > settings.max_layers:
+        raise InvalidField(f"{len(names)} outputs requested, over the limit of {settings.max_layers} (max_layers)")
+    return outputs
+
+
+def classification_k(value: Any, name: str) -> int:
+    """The k of a `classification` parameter (0: off)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidField(f"{name}.classification must be a non-negative integer (the k of top-k)")
+    return value
 
 
 def _binary_part(tensor: InferInputTensor, binary: bytes) -> tuple[bytes | None, bytes]:
@@ -231,10 +252,24 @@ def _output_request(output: InferRequestedOutput, default_binary: bool) -> Outpu
     if any(key in params for key in _SHARED_MEMORY):
         raise BadInput("shared memory outputs are not supported")
     binary = _flag(params, "binary_data", output.name) if "binary_data" in params else default_binary
-    k = params.get("classification", 0)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise InvalidField(f"{output.name}.classification must be a non-negative integer (the k of top-k)")
-    return OutputRequest(output.name, binary, k)
+    return OutputRequest(output.name, binary, classification_k(params.get("classification", 0), output.name))
+
+
+def answer_arrays(
+    model: LoadedModel, decoded: DecodedInfer, tensors: Mapping[str, torch.Tensor]
+) -> Iterator[tuple[OutputRequest, Datatype, np.ndarray[Any, Any]]]:
+    """Each requested output (every model output when none is named) as (request, datatype, array), in order;
+    top-k strings for a `classification` request."""
+    requests = decoded.outputs
+    if requests is None:
+        requests = [OutputRequest(name, decoded.default_binary) for name in tensors]
+    for req in requests:
+        tensor = tensors[req.name]
+        if req.classification:
+            label = model.label if is_model_output(req.name) else str
+            yield req, Datatype.BYTES, classify(tensor, req.classification, label)
+        else:
+            yield req, *as_array(tensor)
 
 
 def encode_infer(
@@ -244,19 +279,10 @@ def encode_infer(
     settings: Settings,
 ) -> tuple[bytes, int | None]:
     """The answer: JSON header (`model_name`, `model_version`, `id`, `outputs`) and binary outputs after it."""
-    requests = decoded.outputs
-    if requests is None:
-        requests = [OutputRequest(name, decoded.default_binary) for name in tensors]
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     json_elements = binary_bytes = 0
-    for req in requests:
-        tensor = tensors[req.name]
-        if req.classification:
-            label = model.label if is_model_output(req.name) else str
-            datatype, array = Datatype.BYTES, classify(tensor, req.classification, label)
-        else:
-            datatype, array = as_array(tensor)
+    for req, datatype, array in answer_arrays(model, decoded, tensors):
         if not req.binary:
             json_elements += array.size
         elif datatype is not Datatype.BYTES:
@@ -304,6 +330,12 @@ def check_answer_size(
         else:
             json_elements += numel
     _check_sizes(json_elements, binary_bytes, settings)
+
+
+def check_binary_size(size: int, settings: Settings, what: str = "binary") -> None:
+    """A binary answer's bytes within `max_binary_response_bytes` (413 over it, before it is built)."""
+    if size > settings.max_binary_response_bytes:
+        raise TooLarge(_too_big(what, size, settings.max_binary_response_bytes, "max_binary_response_bytes"))
 
 
 def _check_sizes(json_elements: int, binary_bytes: int, settings: Settings) -> None:

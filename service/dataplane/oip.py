@@ -9,11 +9,14 @@ request joins the executor's dynamic batches; with them it runs exclusively.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
+from service.codecs.oip_codec import InferCodec
 from service.codecs.oip_infer import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -22,13 +25,11 @@ from service.codecs.oip_infer import (
     TensorInfo,
     check_answer_size,
     datatype_of,
-    decode_body,
-    encode_infer,
     flatten_outputs,
 )
 from service.dataplane.base import PlaneBase
 from service.dataplane.costs import activations_cost
-from service.errors import InvalidField, NotFound
+from service.errors import DeadlineExceeded, InvalidField, NotFound
 from service.introspection.layers import closest_names
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
@@ -37,8 +38,11 @@ from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, Cap
 from service.specs.vocab import Capture
 
 VERSIONS = ["1"]
+# What every front of the protocol (REST and gRPC) supports beyond its core
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "statistics"]
 PLATFORM = "pytorch"
 SMALL_ANSWER = 4096  # elements: answers up to this size are encoded on the event loop
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,12 +50,6 @@ class ModelMetadata:
     name: str
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
-
-
-@dataclass(frozen=True)
-class InferAnswer:
-    body: bytes
-    header_length: int | None  # the JSON header's length when binary outputs follow it
 
 
 @dataclass
@@ -62,10 +60,15 @@ class OutputPlan:
     layers: dict[str, str] = field(default_factory=dict)  # capture key -> module path
 
 
+def check_version(name: str, version: str | None) -> None:
+    """Every model has one version, "1"; asking for another is a 404."""
+    if version is not None and version not in VERSIONS:
+        raise NotFound(f"model {name!r} has no version {version!r}; its versions are {VERSIONS}")
+
+
 class OpenInference(PlaneBase):
     def check_version(self, name: str, version: str | None) -> None:
-        if version is not None and version not in VERSIONS:
-            raise NotFound(f"model {name!r} has no version {version!r}; its versions are {VERSIONS}")
+        check_version(name, version)
 
     def not_ready(self) -> str | None:
         """Why the server is not ready (a model loading or failed), or None."""
@@ -84,22 +87,33 @@ class OpenInference(PlaneBase):
         served = self.ready(name)
         model = served.model
         inputs = [TensorInfo(INPUT_NAME, datatype_of(model.dtype), [-1, *model.input_size])]
-        return ModelMetadata(name, inputs, await _output_info(served))
+        return ModelMetadata(name, inputs, await output_info(served))
 
-    async def infer(
-        self,
-        name: str,
-        version: str | None,
-        body: Callable[[], Awaitable[bytes]],
-        encoding: str | None,
-        header_length: str | None,
-    ) -> InferAnswer:
-        """`body` reads the request body; it is read only once the model is known to be ready."""
+    async def infer(self, name: str, version: str | None, codec: InferCodec[T], timeout_s: float | None = None) -> T:
+        """Run one inference request, whichever front it came from; `codec` reads and writes its wire format.
+
+        `timeout_s`: the caller's own deadline (a gRPC deadline), within `request_timeout_s`; past it the
+        request is given up (a queued job never runs, a running batch stops if nobody else waits) and 504s.
+        """
         self.check_version(name, version)
         served = self.ready(name)
+        if timeout_s is None:
+            return await self._infer_admitted(served, codec)
+        if timeout_s <= 0:
+            raise DeadlineExceeded("the request's deadline had passed before it reached the model")
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._infer_admitted(served, codec)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the request's own deadline ({timeout_s:.3g} s left when it arrived) passed before its answer; "
+                "it was given up: allow more time, send fewer inputs, or retry when the model is less busy"
+            ) from None
+
+    async def _infer_admitted(self, served: ServedModel, codec: InferCodec[T]) -> T:
         model = served.model
-        raw = await body()
-        decoded = await self.off_loop(decode_body, raw, encoding, header_length, model, self.settings)
+        await codec.receive()
+        decoded = await self.off_loop(codec.decode, model, self.settings)
         batch = decoded.batch
         shapes = model.layer_shapes.at(tuple(int(s) for s in batch.shape[1:]))
         plan = plan_outputs(model, [o.name for o in decoded.outputs or []])
@@ -109,10 +123,8 @@ class OpenInference(PlaneBase):
         async with self.budget.reserve(estimate.cost, "send fewer or smaller inputs, or ask for fewer layer outputs"):
             tensors = await _infer(served, decoded)
             if sum(t.numel() for t in tensors.values()) > SMALL_ANSWER:
-                content, length = await self.off_loop(encode_infer, model, decoded, tensors, self.settings)
-            else:
-                content, length = encode_infer(model, decoded, tensors, self.settings)
-        return InferAnswer(content, length)
+                return await self.off_loop(codec.encode, model, decoded, tensors, self.settings)
+            return codec.encode(model, decoded, tensors, self.settings)
 
 
 def _expected_outputs(shapes: LayerShapes, plan: OutputPlan, n: int) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -123,7 +135,7 @@ def _expected_outputs(shapes: LayerShapes, plan: OutputPlan, n: int) -> dict[str
     return {name: ((n, t.per_sample_numel), t.itemsize) for name, t in expected.items()}
 
 
-async def _output_info(served: ServedModel) -> list[TensorInfo]:
+async def output_info(served: ServedModel) -> list[TensorInfo]:
     """Output names, datatypes and shapes, from one forward of a zero batch at the model's input size (cached)."""
     model = served.model
     key: tuple[object, ...] = ("oip-outputs",)

@@ -16,9 +16,19 @@ from service.dataplane.interventions import Experiments
 from service.dataplane.nodes import Nodes
 from service.dataplane.oip import OpenInference
 from service.dataplane.repository import Repository
+from service.dataplane.triton_extensions import TritonExtensions
 
 
 class DataPlane(
-    Inference, Inspection, Nodes, Attribution, Experiments, Catalogue, Checkpoints, OpenInference, Repository
+    Inference,
+    Inspection,
+    Nodes,
+    Attribution,
+    Experiments,
+    Catalogue,
+    Checkpoints,
+    OpenInference,
+    Repository,
+    TritonExtensions,
 ):
     """Every operation of the service, each taking a validated request and returning a typed result."""

@@ -11,6 +11,7 @@ from torch import nn
 
 from service.errors import InvalidField, first_line
 from service.registry.loaded import LoadedModel
+from service.runtime.statistics import Phase, phase
 
 
 def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor], module: nn.Module | None = None) -> list[Any]:
@@ -54,7 +55,12 @@ def forward_checked(model: LoadedModel, batch: torch.Tensor, module: nn.Module |
 
 def to_device(x: torch.Tensor, model: LoadedModel) -> torch.Tensor:
     """Move a CPU batch to the model: pinned + non_blocking on CUDA; cast floating inputs to the model dtype;
-    NHWC when the model runs channels_last."""
+    NHWC when the model runs channels_last. Counted as the batch's compute_input."""
+    with phase(Phase.input):
+        return _to_device(x, model)
+
+
+def _to_device(x: torch.Tensor, model: LoadedModel) -> torch.Tensor:
     device = model.device
     if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():  # GPU-decoded JPEGs are there already
         x = x.pin_memory()
@@ -80,10 +86,16 @@ def split_output(output: Any, sizes: list[int]) -> list[Any]:
 
 
 def to_cpu(output: Any) -> Any:
+    """The output on the CPU, detached (counted as the batch's compute_output)."""
+    with phase(Phase.output):
+        return _to_cpu(output)
+
+
+def _to_cpu(output: Any) -> Any:
     if isinstance(output, torch.Tensor):
         return output.detach().to("cpu") if output.device.type != "cpu" else output.detach()
     if isinstance(output, (list, tuple)):
-        return type(output)(to_cpu(o) for o in output)
+        return type(output)(_to_cpu(o) for o in output)
     if isinstance(output, dict):
-        return {k: to_cpu(v) for k, v in output.items()}
+        return {k: _to_cpu(v) for k, v in output.items()}
     return output

@@ -32,6 +32,7 @@ from service.runtime.os_threads import executor_name, name_os_thread
 from service.runtime.runners.base import Runner
 from service.runtime.runners.predict import PREDICT
 from service.runtime.scheduler import Access, Batch, Job, Scheduler
+from service.runtime.statistics import BatchTiming, ModelStatistics, take_phases
 from service.runtime.threads import ThreadBudget, pin_torch_threads
 
 T = TypeVar("T")
@@ -117,6 +118,7 @@ class ModelExecutor:
         self._uses_cpu_threads = model.device.type == "cpu"
         self.config = config
         self.stats = ExecutorStats()
+        self.statistics = ModelStatistics()  # Triton's statistics extension: every request that ran the model
         if not model.lanes and config.threads > 1:
             model.lanes = hook_lanes(model.module, config.threads)
         self._free_lanes = list(model.lanes)
@@ -215,16 +217,22 @@ class ModelExecutor:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s)
         except asyncio.CancelledError:
             if job is not None:
-                job.abandon()
+                self._give_up(job)
             raise
         except TimeoutError:
             if job is not None:
-                job.abandon()
+                self._give_up(job)
             stage = "running (its result was dropped)" if future.running() else "queued (it will not run)"
             raise DeadlineExceeded(
                 f"the {self.config.timeout_s:g} s deadline (request_timeout_s) passed while the job was {stage}; "
                 "ask for fewer inputs, fewer steps or samples, or retry when the model is less busy"
             ) from None
+
+    def _give_up(self, job: Job) -> None:
+        """Abandon a job nobody waits for any more; a model-running one counts as a failed request."""
+        if not job.abandoned and not job.future.done() and isinstance(job.payload, _Work):
+            self.statistics.answered(False, _since(job))
+        job.abandon()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish queued jobs, then end the threads."""
@@ -285,37 +293,56 @@ class ModelExecutor:
             self._run_function(jobs[0], kind)
             return
         try:
-            answers, began = self._call(lambda: self._answers(jobs), wide=_wide_ok(jobs))
+            (answers, phases), began = self._call(lambda: self._measured(jobs), wide=_wide_ok(jobs))
         except BaseException as exc:
             if len(jobs) > 1 and not isinstance(exc, torch.OutOfMemoryError):
                 self._run_alone(jobs, kind)  # one request's failure must not decide the others'
                 return
             error = _domain_error(exc, self.model)
             for job in jobs:
-                job.future.set_exception(error)
+                self._settle(job, error)
             return
         self._count(batch, kind)
         self._report(kind, jobs, batch.size, began)
+        self._ran(jobs, began, phases)
         for job, answer in zip(jobs, answers, strict=True):
-            if isinstance(answer, BaseException):
-                job.future.set_exception(_domain_error(answer, self.model))
-            else:
-                job.future.set_result(answer)
+            self._settle(job, _domain_error(answer, self.model) if isinstance(answer, BaseException) else answer)
 
     def _run_alone(self, jobs: list[Job], kind: JobKind) -> None:
         """Each job of a failed batch once more, by itself."""
         for job in jobs:
             try:
-                answers, began = self._call(lambda job=job: self._answers([job]), wide=_wide_ok([job]))  # type: ignore[misc]
+                (answers, phases), began = self._call(lambda job=job: self._measured([job]), wide=_wide_ok([job]))  # type: ignore[misc]
             except BaseException as exc:
-                job.future.set_exception(_domain_error(exc, self.model))
+                self._settle(job, _domain_error(exc, self.model))
                 continue
             self._report(kind, [job], job.size, began)
+            self._ran([job], began, phases)
             answer = answers[0]
-            if isinstance(answer, BaseException):
-                job.future.set_exception(_domain_error(answer, self.model))
-            else:
-                job.future.set_result(answer)
+            self._settle(job, _domain_error(answer, self.model) if isinstance(answer, BaseException) else answer)
+
+    def _measured(self, jobs: list[Job]) -> tuple[list[Any], tuple[int, int, int]]:
+        """The batch's answers, and its (input, infer, output) nanoseconds, measured on the thread that ran it."""
+        take_phases()
+        began = time.perf_counter_ns()
+        answers = self._answers(jobs)
+        ran = time.perf_counter_ns() - began
+        into, out = take_phases()
+        return answers, (into, max(0, ran - into - out), out)
+
+    def _ran(self, jobs: list[Job], began: float, phases: tuple[int, int, int]) -> None:
+        waited = tuple(max(0, int((began - job.enqueued) * 1e9)) for job in jobs)
+        self.statistics.ran(BatchTiming(sum(job.size for job in jobs), waited, *phases))
+
+    def _settle(self, job: Job, answer: Any) -> None:
+        """Answer a model-running job (its outcome counted unless its waiter gave up and counted it)."""
+        failed = isinstance(answer, BaseException)
+        if not job.abandoned:
+            self.statistics.answered(not failed, _since(job))
+        if failed:
+            job.future.set_exception(answer)
+        else:
+            job.future.set_result(answer)
 
     def _answers(self, jobs: list[Job]) -> list[Any]:
         works: list[_Work] = [job.payload for job in jobs]
@@ -376,6 +403,11 @@ class ModelExecutor:
 
 def _never() -> bool:
     return False
+
+
+def _since(job: Job) -> int:
+    """Nanoseconds since `job` entered the queue."""
+    return max(0, int((time.perf_counter() - job.enqueued) * 1e9))
 
 
 def _wide_ok(jobs: list[Job]) -> bool:

@@ -156,6 +156,49 @@ class RepositoryUnloadRequest(BaseModel):
     parameters: dict[str, Any] | None = Field(None, examples=[{"unload_dependents": False}])
 
 
+class StatisticDuration(BaseModel):
+    count: int = Field(..., examples=[12])
+    ns: int = Field(..., description="Cumulative nanoseconds.", examples=[48_500_000])
+
+
+class InferStatistics(BaseModel):
+    """Requests answered or failed (from entering the model's queue to the answer), time queued, and their
+    batches' time moving inputs to the device, running the model and bringing the outputs back."""
+
+    success: StatisticDuration
+    fail: StatisticDuration
+    queue: StatisticDuration
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+    cache_hit: StatisticDuration
+    cache_miss: StatisticDuration
+
+
+class BatchStatistics(BaseModel):
+    batch_size: int = Field(..., examples=[8])
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+
+
+class ModelStatistics(BaseModel):
+    name: str = Field(..., examples=["lenet"])
+    version: str = Field(..., examples=["1"])
+    last_inference: int = Field(..., description="Milliseconds since the epoch; 0 before the first.")
+    inference_count: int = Field(..., description="Samples answered.")
+    execution_count: int = Field(..., description="Batches run.")
+    inference_stats: InferStatistics
+    batch_stats: list[BatchStatistics]
+    memory_usage: list[dict[str, Any]]
+
+
+class ModelStatisticsAnswer(BaseModel):
+    """`GET /v2/models/{name}/stats` (Triton's statistics extension)."""
+
+    model_stats: list[ModelStatistics]
+
+
 class ErrorV2(BaseModel):
     """Every error under /v2."""
 

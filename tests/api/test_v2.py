@@ -118,7 +118,7 @@ def test_health_and_server_metadata(live: Live) -> None:
     assert live.client.get_server_metadata() == {
         "name": "hookserve",
         "version": "0.1.0",
-        "extensions": ["binary_tensor_data", "classification", "model_repository"],
+        "extensions": ["binary_tensor_data", "classification", "model_repository", "model_configuration", "statistics"],
     }
 
 

@@ -29,7 +29,10 @@ from service.api.deps import PlaneDep, StateDep
 from service.api.errors import as_text, clean_validation_errors
 from service.api.openapi import register_schema
 from service.codecs.oip import HEADER_LENGTH
-from service.dataplane.oip import PLATFORM, VERSIONS
+from service.codecs.oip_codec import HttpInfer
+from service.codecs.triton_extensions import as_json, config_message, statistics_message
+from service.dataplane.oip import EXTENSIONS, PLATFORM, VERSIONS
+from service.dataplane.triton_extensions import NamedStatistics
 from service.errors import BadInput, HookserveError, InvalidField, NotFound
 from service.schemas.v2 import (
     ErrorV2,
@@ -38,6 +41,7 @@ from service.schemas.v2 import (
     Live,
     ModelMetadata,
     ModelReady,
+    ModelStatisticsAnswer,
     Ready,
     RepositoryIndexRequest,
     RepositoryLoadRequest,
@@ -48,7 +52,6 @@ from service.schemas.v2 import (
 )
 
 PREFIX = "/v2"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_repository"]
 OCTET = "application/octet-stream"
 log = logging.getLogger("hookserve.api")
 
@@ -181,6 +184,16 @@ async def server_ready(state: StateDep) -> Any:
     return _not_ready(why) if why else Ready(ready=True)
 
 
+@router.get(
+    "/models/stats",
+    summary="Triton's statistics of every ready model",
+    response_model=ModelStatisticsAnswer,
+    responses=_errors(404),
+)
+async def all_model_statistics(plane: PlaneDep) -> dict[str, Any]:
+    return _statistics_json(plane.model_statistics(None, None))
+
+
 @versioned(
     "GET",
     ("/models/{name}", "/models/{name}/versions/{version}"),
@@ -207,6 +220,40 @@ async def model_metadata(name: ModelName, plane: PlaneDep, version: str | None) 
 async def model_ready(name: ModelName, plane: PlaneDep, version: str | None) -> Any:
     why = plane.model_not_ready(name, version)
     return _not_ready(why) if why else ModelReady(name=name, ready=True)
+
+
+@versioned(
+    "GET",
+    ("/models/{name}/config", "/models/{name}/versions/{version}/config"),
+    names=("model_config", "model_version_config"),
+    summaries=(
+        "Triton's model configuration: inputs, outputs, max batch size, dynamic batching, instances",
+        "Model configuration of one version",
+    ),
+    response_model=dict[str, Any],
+    responses=_errors(404, 409),
+)
+async def model_config(name: ModelName, plane: PlaneDep, version: str | None) -> dict[str, Any]:
+    return as_json(config_message(await plane.model_config(name, version)))
+
+
+@versioned(
+    "GET",
+    ("/models/{name}/stats", "/models/{name}/versions/{version}/stats"),
+    names=("model_statistics", "model_version_statistics"),
+    summaries=(
+        "Triton's statistics: requests, queue and compute times, batches (every front counts)",
+        "Statistics of one version",
+    ),
+    response_model=ModelStatisticsAnswer,
+    responses=_errors(404, 409),
+)
+async def model_statistics(name: ModelName, plane: PlaneDep, version: str | None) -> dict[str, Any]:
+    return _statistics_json(plane.model_statistics(name, version))
+
+
+def _statistics_json(found: list[NamedStatistics]) -> dict[str, Any]:
+    return as_json(statistics_message([(s.name, s.version, s.statistics) for s in found]))
 
 
 _INFER_DOC: dict[str, Any] = {
@@ -242,7 +289,8 @@ _INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 async def model_infer(name: ModelName, request: Request, plane: PlaneDep, version: str | None) -> Response:
     headers = request.headers
-    answer = await plane.infer(name, version, request.body, headers.get("content-encoding"), headers.get(HEADER_LENGTH))
+    codec = HttpInfer(request.body, headers.get("content-encoding"), headers.get(HEADER_LENGTH))
+    answer = await plane.infer(name, version, codec)
     if answer.header_length is None:
         return Response(answer.body, media_type="application/json")
     return Response(answer.body, media_type=OCTET, headers={HEADER_LENGTH: str(answer.header_length)})

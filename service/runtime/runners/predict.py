@@ -10,6 +10,7 @@ import torch
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import run_batch
 from service.runtime.runners.base import Runner
+from service.runtime.statistics import Phase, phase
 
 Post = Callable[[Any], Any] | None
 
@@ -23,11 +24,12 @@ class PredictRunner(Runner[Post]):
     def run(self, model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[Post]) -> list[Any]:
         outputs = run_batch(model, inputs, model.prediction_module)
         answers: list[Any] = []
-        for post, output in zip(requests, outputs, strict=True):
-            try:
-                answers.append(post(output) if post is not None else output)
-            except Exception as exc:  # this request's post-processing: its own failure
-                answers.append(exc)
+        with phase(Phase.output):
+            for post, output in zip(requests, outputs, strict=True):
+                try:
+                    answers.append(post(output) if post is not None else output)
+                except Exception as exc:  # this request's post-processing: its own failure
+                    answers.append(exc)
         return answers
 
 
