@@ -31,7 +31,7 @@ from service.config import Settings
 from service.dataplane.admin import check_admin
 from service.dataplane.oip import EXTENSIONS, PLATFORM, VERSIONS
 from service.dataplane.plane import DataPlane
-from service.errors import HookserveError, InvalidField
+from service.errors import HookserveError, InvalidField, NotFound
 from service.grpc.errors import detail_text, status_code, trailing_metadata
 
 SERVICE = "inference.GRPCInferenceService"
@@ -104,7 +104,12 @@ class InferenceService:
 
     @answered
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.plane.model_not_ready(request.name, _version(request.version)) is None)
+        """An unknown model or version is not ready (Triton answers so, where REST's /ready is a 404)."""
+        try:
+            why = self.plane.model_not_ready(request.name, _version(request.version))
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=why is None)
 
     @answered
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:

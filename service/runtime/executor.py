@@ -140,6 +140,11 @@ class ModelExecutor:
     def queue_depth(self) -> int:
         return len(self._scheduler)
 
+    @property
+    def running(self) -> int:
+        """Batches and jobs running now."""
+        return self._running
+
     async def predict(
         self, inputs: torch.Tensor | Awaitable[torch.Tensor], post: Callable[[Any], T] | None = None
     ) -> Any:
@@ -230,7 +235,8 @@ class ModelExecutor:
 
     def _give_up(self, job: Job) -> None:
         """Abandon a job nobody waits for any more; a model-running one counts as a failed request."""
-        if not job.abandoned and not job.future.done() and isinstance(job.payload, _Work):
+        settled = job.future.done() and not job.future.cancelled()  # the worker answered it, and counted that
+        if not job.left and not settled and isinstance(job.payload, _Work):
             self.statistics.answered(False, _since(job))
         job.abandon()
 
@@ -337,7 +343,7 @@ class ModelExecutor:
     def _settle(self, job: Job, answer: Any) -> None:
         """Answer a model-running job (its outcome counted unless its waiter gave up and counted it)."""
         failed = isinstance(answer, BaseException)
-        if not job.abandoned:
+        if not job.abandoned:  # else its waiter counted it failed when it gave up
             self.statistics.answered(not failed, _since(job))
         if failed:
             job.future.set_exception(answer)
