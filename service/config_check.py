@@ -238,6 +238,8 @@ def _architecture_problem(source: Source, name: str, files: _Files | None) -> st
         if not timm.is_model(name):
             return f"timm has no model {name!r}{_did_you_mean(name, timm.list_models())}"
         return None
+    if source is Source.torchscript:
+        return _file_problem(files, name, "TorchScript file")
     if source is not Source.python:
         return None
     location, sep, class_name = name.rpartition(":")

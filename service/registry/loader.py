@@ -56,7 +56,9 @@ def _load(
     dtype = BY_NAME[spec.dtype.value].torch
     module = build_module(spec, model_dir, allow_downloads)
     optimizer_state: dict[str, Any] | None = None
-    if spec.weights is None:
+    if spec.source is Source.torchscript and spec.weights is None:
+        weights_name = spec.architecture  # the program holds its weights
+    elif spec.weights is None:
         weights_name = "random"
     elif spec.weights == DEFAULT_WEIGHTS:
         weights_name = DEFAULT_WEIGHTS

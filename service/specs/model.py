@@ -19,6 +19,7 @@ class Source(StrEnum):
     torchvision = "torchvision"
     timm = "timm"
     python = "python"
+    torchscript = "torchscript"  # architecture: a TorchScript file under the model dir (torch.jit.save's)
 
 
 class DType(StrEnum):
