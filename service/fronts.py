@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from service.api.deps import AppState
 from service.api.metrics import metrics_of
 from service.grpc.server import grpc_serving
+from service.torchserve.server import management_serving
 
 
 @asynccontextmanager
@@ -34,4 +35,10 @@ async def side_fronts(app: FastAPI, state: AppState) -> AsyncIterator[dict[str, 
             ports["grpc"] = await stack.enter_async_context(
                 grpc_serving(state.plane, settings, settings.grpc_port, lambda: state.draining, observe)
             )
+        if settings.torchserve_management_port is not None:
+            port = settings.torchserve_management_port
+            ports["torchserve_management"] = await stack.enter_async_context(
+                management_serving(lambda: state.plane, settings, port)
+            )
+            stack.callback(state.plane.close_archives)  # the archives it extracted go when it stops
         yield ports

@@ -46,6 +46,7 @@ from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.runtime.fleet import Fleet
 from service.runtime.threads import start_decode_thread
 from service.specs.model import load_specs
+from service.torchserve import inference as torchserve
 
 log = logging.getLogger("hookserve")
 
@@ -63,8 +64,13 @@ MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/
 
 def runs_a_model(path: str) -> bool:
     """The POST paths whose work a client's leaving should cancel."""
+    if path.startswith(torchserve.PATHS):
+        return True
     return path in MODEL_RUNNING_PATHS or (path.startswith(f"{v2.PREFIX}/models/") and path.endswith("/infer"))
 
+
+# Errors answered outside a route (body limit, shutdown) in the envelope of the protocol that owns the path
+ENVELOPES = {v2.PREFIX: v2.oip_error_body} | dict.fromkeys(torchserve.PATHS, torchserve.error_bytes)
 
 ROUTERS = (
     health.router,
@@ -79,6 +85,7 @@ ROUTERS = (
     checkpoints.router,
     metrics.router,
     v2.router,  # /v2: the Open Inference Protocol, with its own error envelope
+    torchserve.router,  # /ping, /predictions, /explanations: TorchServe's inference API, with its envelope
     docs.router,  # /docs and /redoc with their assets served from the package (offline)
     ui.router,  # /ui, the inspector page
 )
@@ -138,7 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.max_body_bytes,
         upload_limit=settings.max_upload_bytes,
         upload_paths=UPLOAD_PATHS,
-        envelopes={v2.PREFIX: v2.oip_error_body},
+        envelopes=ENVELOPES,
     )
     app.add_middleware(CancelOnDisconnectMiddleware, watched=runs_a_model)  # a client leaving abandons its job
     app.add_middleware(ReleaseWhenAnsweredMiddleware)  # memory held for a request lasts until it is answered
@@ -148,7 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     notice = ShutdownNotice()  # `python -m service` cuts what still runs when the shutdown grace period ends
     app.state.shutdown_notice = notice
-    app.add_middleware(AnswerWhenCutMiddleware, notice=notice, envelopes={v2.PREFIX: v2.oip_error_body})
+    app.add_middleware(AnswerWhenCutMiddleware, notice=notice, envelopes=ENVELOPES)
     install_observability(app, settings)  # sees every request, 413s included
     app.add_middleware(EveryAnswerHeadersMiddleware)  # outermost: every answer, whoever wrote it
     return app

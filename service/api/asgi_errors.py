@@ -7,13 +7,13 @@ from collections.abc import Callable, Mapping, Sequence
 import orjson
 from starlette.types import Send
 
-Envelopes = Mapping[str, Callable[[str], bytes]]
+Envelopes = Mapping[str, Callable[[str, int], bytes]]  # path prefix -> (detail, status) -> the error body
 
 
-def error_body(envelopes: Envelopes, path: str, detail: str) -> bytes:
+def error_body(envelopes: Envelopes, path: str, detail: str, status: int) -> bytes:
     """`detail` in the envelope of the first prefix of `path` in `envelopes`, else `{"detail": ...}`."""
     envelope = next((make for prefix, make in envelopes.items() if path.startswith(prefix)), None)
-    return envelope(detail) if envelope is not None else orjson.dumps({"detail": detail})
+    return envelope(detail, status) if envelope is not None else orjson.dumps({"detail": detail})
 
 
 async def send_error(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:

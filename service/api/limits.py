@@ -76,4 +76,4 @@ class BodyLimitMiddleware:
 
     async def _send_413(self, send: Send, path: str, limit: int, name: str) -> None:
         detail = f"request body over the {limit}-byte limit ({name})"
-        await send_error(send, 413, error_body(self.envelopes, path, detail))
+        await send_error(send, 413, error_body(self.envelopes, path, detail, 413))

@@ -68,7 +68,7 @@ class AnswerWhenCutMiddleware:
             if not self.notice.cut_off or started:
                 raise
             task.uncancel()  # the cancellation was ours: answer instead of dying
-            body = error_body(self.envelopes, scope.get("path", ""), CUT_DETAIL)
+            body = error_body(self.envelopes, scope.get("path", ""), CUT_DETAIL, 503)
             headers = [(b"retry-after", str(RETRY_AFTER_S).encode()), (b"connection", b"close")]
             await send_error(send, 503, body, headers)
         finally:

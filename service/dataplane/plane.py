@@ -16,10 +16,12 @@ from service.dataplane.interventions import Experiments
 from service.dataplane.nodes import Nodes
 from service.dataplane.oip import OpenInference
 from service.dataplane.repository import Repository
+from service.dataplane.torchserve import TorchServeApi
 from service.dataplane.triton_extensions import TritonExtensions
 
 
 class DataPlane(
+    TorchServeApi,
     Inference,
     Inspection,
     Nodes,

@@ -131,7 +131,7 @@ def _manifest(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], whe
     except (ValueError, UnicodeDecodeError):
         raise BadInput(f"{where}: {MANIFEST} is not valid JSON") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
-        raise BadInput(f"{where}: {MANIFEST} has no \"model\" object")
+        raise BadInput(f'{where}: {MANIFEST} has no "model" object')
     return manifest
 
 

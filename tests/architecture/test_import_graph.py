@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.runtime",),  # executors, the fleet, jobs on models
     ("service.codecs",),  # wire formats
     ("service.dataplane",),  # the façade
-    ("service.api", "service.grpc"),  # the protocol fronts: HTTP, gRPC
+    ("service.api", "service.grpc", "service.torchserve"),  # the protocol fronts: HTTP, gRPC, TorchServe's APIs
     ("service.main", "service.fronts"),  # the app, and the fronts it serves beside HTTP
     # entry points: the server, the command line and its start-up checks, retraining the LeNet, the cluster
     ("service.__main__", "service.zoo.train_lenet", "service.cli", "service.config_check", "service.cluster"),

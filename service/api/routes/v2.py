@@ -64,7 +64,7 @@ def oip_error(status: int, detail: Any, headers: Mapping[str, str] | None = None
     return JSONResponse({"error": as_text(detail)}, status_code=status, headers=headers)
 
 
-def oip_error_body(detail: str) -> bytes:
+def oip_error_body(detail: str, status: int = 500) -> bytes:
     """The envelope's bytes, for answers given outside the router (the body-size limit)."""
     return orjson.dumps({"error": detail})
 

@@ -35,7 +35,7 @@ def build(spec: ModelSpec, model_dir: Path, pretrained: bool) -> nn.Module:
     try:
         with warnings.catch_warnings():  # torch deprecates TorchScript for torch.export; its archives are still here
             warnings.simplefilter("ignore", FutureWarning)
-            program = torch.jit.load(str(path), map_location="cpu")
+            program = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     except (RuntimeError, ValueError) as exc:
         raise ModelLoadError(f"{spec.architecture!r} is not a TorchScript program: {first_line(exc)}") from None
     return ScriptProgram(program)
@@ -54,8 +54,8 @@ class ScriptProgram(nn.Module):
         return self.program(x)
 
     def _apply(self, fn: Any, recurse: bool = True) -> ScriptProgram:
-        self.program._apply(fn)
-        super()._apply(fn, recurse)
+        self.program._apply(fn)  # type: ignore[no-untyped-call]
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         return self
 
     def extra_repr(self) -> str:
