@@ -97,23 +97,34 @@ _PREDICT = "Top-5 classes of one image as {label: probability} (TorchServe's ima
 _EXPLAIN = "Integrated Gradients (15 steps, class `target`, default 0) over one image, as nested lists [C][H][W]"
 
 
-@router.api_route("/predictions/{name}", methods=["POST", "PUT"], summary=_PREDICT, openapi_extra=_IMAGE_BODY)
 async def predictions(name: ModelName, request: Request, plane: PlaneDep) -> Response:
     return await _predict(name, None, request, plane)
 
 
-@router.api_route("/predictions/{name}/{version}", methods=["POST", "PUT"], summary=_PREDICT, openapi_extra=_IMAGE_BODY)
 async def version_predictions(name: ModelName, version: Version, request: Request, plane: PlaneDep) -> Response:
     return await _predict(name, version, request, plane)
 
 
-@router.api_route("/explanations/{name}", methods=["POST", "PUT"], summary=_EXPLAIN, openapi_extra=_IMAGE_BODY)
 async def explanations(name: ModelName, request: Request, plane: PlaneDep) -> Response:
     return await _explain(name, None, request, plane)
 
 
-@router.api_route(
-    "/explanations/{name}/{version}", methods=["POST", "PUT"], summary=_EXPLAIN, openapi_extra=_IMAGE_BODY
-)
 async def version_explanations(name: ModelName, version: Version, request: Request, plane: PlaneDep) -> Response:
     return await _explain(name, version, request, plane)
+
+
+for _path, _endpoint, _summary in (
+    ("/predictions/{name}", predictions, _PREDICT),
+    ("/predictions/{name}/{version}", version_predictions, _PREDICT),
+    ("/explanations/{name}", explanations, _EXPLAIN),
+    ("/explanations/{name}/{version}", version_explanations, _EXPLAIN),
+):
+    for _method in ("POST", "PUT"):  # curl -T sends PUT; TorchServe takes both
+        router.add_api_route(
+            _path,
+            _endpoint,
+            methods=[_method],
+            summary=_summary,
+            openapi_extra=_IMAGE_BODY,
+            operation_id=f"torchserve_{_endpoint.__name__}_{_method.lower()}",
+        )
