@@ -25,6 +25,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -139,12 +140,15 @@ def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> N
     """Write one member, never more bytes than its directory entry declares (a lying entry is refused)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     written = 0
-    with archive.open(info) as source, target.open("xb") as out:
-        while chunk := source.read(CHUNK):
-            written += len(chunk)
-            if written > info.file_size:
-                raise BadInput(f"entry {info.filename!r} holds more bytes than the archive declares")
-            out.write(chunk)
+    try:
+        with archive.open(info) as source, target.open("xb") as out:
+            while chunk := source.read(CHUNK):
+                written += len(chunk)
+                if written > info.file_size:
+                    raise BadInput(f"entry {info.filename!r} holds more bytes than the archive declares")
+                out.write(chunk)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        raise BadInput(f"entry {info.filename!r} cannot be read: {exc}") from None
 
 
 def _describe(manifest: dict[str, Any], members: dict[str, zipfile.ZipInfo], root: Path, where: str) -> Archive:
