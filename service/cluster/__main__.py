@@ -31,6 +31,7 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps, in every replica")
     parser.add_argument("--host", help="HTTP address of Serve's proxy (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="HTTP port of Serve's proxy (default 8000)")
+    parser.add_argument("--grpc-port", help="gRPC port of Serve's gRPC proxy (default 8001; off: none)")
     parser.add_argument("--address", help="an existing Ray cluster (e.g. 10.0.0.1:6379 or auto); default: start one")
     parser.add_argument("--layout", choices=["replicated", "sharded"], help="default replicated (or [cluster] layout)")
     parser.add_argument("--replicas", type=int, help="replicas per group")
@@ -80,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import ray
     from ray import serve
 
+    from service.cluster.grpc_ingress import grpc_options
+
     own_cluster = "address" not in args
     init: dict[str, Any] = {"address": args.get("address")}
     if own_cluster:
@@ -91,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.install()  # after ray.init, which installs a SIGTERM handler of its own (sys.exit) over any earlier one
     app_name = plan.cluster.app_name
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.start(http_options={"host": settings.host, "port": settings.port}, grpc_options=grpc_options(settings))
         serve.run(application(plan), name=app_name, route_prefix="/", blocking=False)
         groups = ", ".join(f"{g.name} ({', '.join(g.models) or 'built-in models'})" for g in plan.groups)
         log.info(

@@ -22,7 +22,7 @@ from service.config import Settings
 from service.specs.model import load_specs
 
 ROUTER_DEPLOYMENT = "router"
-SETTINGS_ARGS = ("config", "model_dir", "device", "host", "port")
+SETTINGS_ARGS = ("config", "model_dir", "device", "host", "port", "grpc_port")
 CLUSTER_ARGS = {
     "layout": "layout",
     "replicas": "num_replicas",

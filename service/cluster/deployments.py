@@ -24,6 +24,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from service.cluster.asgi_host import AppHost
+from service.cluster.grpc_ingress import GrpcIngress, GrpcReplica
 from service.cluster.messages import REPLICA_HEADER, ForwardRequest, ForwardResponse
 from service.cluster.metrics_mirror import MetricsMirror
 from service.cluster.router import Group, GroupUnavailable, ReplicaLost, RouterApp, RouterSettings
@@ -33,7 +34,7 @@ log = logging.getLogger("hookserve.cluster")
 SETTLE_POLL_S = 0.2
 
 
-class ModelGroup:
+class ModelGroup(GrpcReplica):
     """One replica of a model group: hookserve's whole app, in-process, for the models of its TOML."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
@@ -58,7 +59,8 @@ class ModelGroup:
         if specs_toml is not None:
             config = self._workdir / "models.toml"
             config.write_text(specs_toml)
-        self.host = AppHost(create_app(Settings(**{**settings, "config": config})))
+        fronts_off = {"grpc_port": None, "torchserve_management_port": None}  # Serve's proxies are the cluster's
+        self.host = AppHost(create_app(Settings(**{**settings, "config": config, **fronts_off})))
         await self.host.start()
         await self._wait_settled(load_timeout_s)
         self._mirror_task: asyncio.Task[None] | None = None
@@ -123,7 +125,7 @@ def _died(exc: BaseException) -> bool:
     return isinstance(exc, RayTaskError) and isinstance(cause, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
-class Router:
+class Router(GrpcIngress):
     """The ingress: Serve's proxy hands it every HTTP request; it forwards to the model groups."""
 
     def __init__(

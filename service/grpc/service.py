@@ -33,8 +33,10 @@ from service.dataplane.oip import EXTENSIONS, PLATFORM, VERSIONS
 from service.dataplane.plane import DataPlane
 from service.errors import HookserveError, InvalidField, NotFound
 from service.grpc.errors import detail_text, status_code, trailing_metadata
+from service.grpc.registration import METHODS, SERVICE, add_to_server
 
-SERVICE = "inference.GRPCInferenceService"
+__all__ = ["METHODS", "SERVICE", "InferenceService", "add_to_server"]
+
 log = logging.getLogger("hookserve.grpc")
 
 Req = TypeVar("Req", bound=Message)
@@ -179,33 +181,3 @@ def _repository_value(key: str, value: pb.ModelRepositoryParameter) -> Any:
             return found  # refused by the data plane with the reason, as over REST
         raise InvalidField(f"parameters.{key}: bytes are only for file: parameters")
     return found
-
-
-METHODS: dict[str, tuple[type[Message], type[Message]]] = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
-    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
-    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
-}
-
-
-def add_to_server(servicer: Any, server: grpc.Server | grpc.aio.Server) -> None:
-    """Register `servicer`'s methods (named as in `METHODS`) as `inference.GRPCInferenceService` on `server`.
-
-    Shaped like protoc's `add_<Service>Servicer_to_server`, which Ray Serve's gRPC proxy expects."""
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, name),
-            request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString,
-        )
-        for name, (request, response) in METHODS.items()
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 
+from service.cluster.grpc_ingress import SERVICER
 from tests.reliability.live_server import REPO_ROOT, free_port
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ class RayCluster:
 
     url: str  # Serve's HTTP proxy: http://127.0.0.1:PORT
     port: int
+    grpc_port: int  # Serve's gRPC proxy, serving inference.GRPCInferenceService
     metrics_url: str  # Ray's metrics export of the node
     address: str  # the GCS address, for `python -m service.cluster --address`
     temp_dir: Path
@@ -51,7 +53,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     from ray import serve
 
     temp_dir = Path(tempfile.mkdtemp(prefix="hsray-", dir="/tmp"))  # short: Ray puts unix sockets in it
-    metrics_port, http_port = free_port(), free_port()
+    metrics_port, http_port, grpc_port = free_port(), free_port(), free_port()
     try:
         ray.init(
             num_cpus=2,
@@ -63,10 +65,14 @@ def ray_cluster() -> Iterator[RayCluster]:
             log_to_driver=False,
             configure_logging=False,
         )
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": http_port},
+            grpc_options={"port": grpc_port, "grpc_servicer_functions": [SERVICER]},
+        )
         yield RayCluster(
             f"http://127.0.0.1:{http_port}",
             http_port,
+            grpc_port,
             f"http://127.0.0.1:{metrics_port}/metrics",
             ray.get_runtime_context().gcs_address,
             temp_dir,

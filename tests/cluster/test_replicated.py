@@ -89,6 +89,47 @@ def test_v2_through_tritonclient(replicated: Deployed) -> None:
     check_v2(replicated.port, replicated.ref, "lenet")
 
 
+def test_grpc_through_serves_grpc_proxy(replicated: Deployed) -> None:
+    """tritonclient.grpc, unchanged, against Serve's gRPC proxy: answers as the single process does."""
+    import tritonclient.grpc as tgrpc
+    from tritonclient.utils import InferenceServerException
+
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{replicated.cluster.grpc_port}")
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("lenet")
+    assert client.get_model_metadata("lenet", as_json=True)["name"] == "lenet"
+    x = digits(2, seed=5)
+    tensor = tgrpc.InferInput("input__0", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    outputs = [tgrpc.InferRequestedOutput("output__0", class_count=3), tgrpc.InferRequestedOutput("conv1")]
+    got = client.infer("lenet", [tensor], outputs=outputs)
+    expected = replicated.ref.post(
+        "/v2/models/lenet/infer",
+        json={
+            "inputs": [{"name": "input__0", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+            "outputs": [{"name": "output__0", "parameters": {"classification": 3}}],
+        },
+    ).json()
+    top = [v.decode().split(":") for v in got.as_numpy("output__0").ravel()]
+    want = [v.split(":") for v in expected["outputs"][0]["data"]]
+    assert [t[1:] for t in top] == [w[1:] for w in want]  # classes and labels; values to the last printed digit
+    assert [float(t[0]) for t in top] == pytest.approx([float(w[0]) for w in want], abs=1e-5)
+    assert got.as_numpy("conv1").shape == (2, 6, 28, 28)
+    with pytest.raises(InferenceServerException) as missing:
+        client.infer("nope", [tensor])
+    assert missing.value.status() == "StatusCode.NOT_FOUND"
+    assert "no model named 'nope'" in str(missing.value.message())
+    with pytest.raises(InferenceServerException) as refused:
+        client.unload_model("lenet", headers={"authorization": f"Bearer {ADMIN}"})
+    assert refused.value.status() == "StatusCode.FAILED_PRECONDITION"
+    assert "Serve config" in str(refused.value.message())
+    stats = client.get_inference_statistics(as_json=True)["model_stats"]
+    assert [m["name"] for m in stats] == ["lenet", "slow"]
+    assert client.get_model_config("lenet", as_json=True)["config"]["name"] == "lenet"
+    client.close()
+
+
 def test_requests_spread_over_both_replicas(replicated: Deployed) -> None:
     body = tensor_body("lenet", digits(1, seed=4))
     seen: set[str] = set()
