@@ -15,11 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.printed import mismatches, output_mismatches, parse_printed, text_mismatches
-from tests.reliability.live_server import REPO_ROOT, LiveServer
+from tests.reliability.live_server import REPO_ROOT, LiveServer, free_port
+from tests.torchserve.archives import build_sources, eager_archive, kitten
 
 README = REPO_ROOT / "README.md"
 DOC_ADDRESS = "http://127.0.0.1:8000"
 DOC_HOST = "127.0.0.1:8000"
+DOC_GRPC = "127.0.0.1:8001"  # gRPC, and TorchServe's management API, on the ports the README names
+DOC_MANAGEMENT = "http://127.0.0.1:8081"
+DOC_ARCHIVE = "resnet-18"  # the archive the README registers: the tests' tiny image classifier, by that name
 TOKEN = "readme-token"
 STATUS = re.compile(r"__STATUS__(\d{3})")
 ENDPOINTS = (
@@ -99,23 +103,40 @@ def python_outputs() -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class Ports:
+    grpc: int
+    management: int
+
+
+PORTS = Ports(free_port(), free_port())
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with LiveServer(tmp_path_factory.mktemp("models"), None, env={"HOOKSERVE_ADMIN_TOKEN": TOKEN}) as live:
+    models = tmp_path_factory.mktemp("models")
+    eager_archive(build_sources(tmp_path_factory.mktemp("archive")), models, name=DOC_ARCHIVE)
+    env = {
+        "HOOKSERVE_ADMIN_TOKEN": TOKEN,
+        "HOOKSERVE_GRPC_PORT": str(PORTS.grpc),
+        "HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT": str(PORTS.management),
+    }
+    with LiveServer(models, None, env=env) as live:
         yield live
 
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """Where the examples run: `service/` as in a checkout, output files land in a temp dir."""
+    """Where the examples run: `service/` as in a checkout, a `kitten.jpg`, output files land in a temp dir."""
     (tmp_path / "service").symlink_to(REPO_ROOT / "service")
     (tmp_path / ".curlrc").write_text('write-out = "%{stderr}__STATUS__%{http_code}\\n"\n')
+    (tmp_path / "kitten.jpg").write_bytes(kitten())
     return tmp_path
 
 
 def run_curl(server: LiveServer, workdir: Path, line: str) -> tuple[subprocess.CompletedProcess[str], list[int]]:
     """Run one README curl line against `server`; the process and the HTTP statuses curl reported."""
-    command = line.replace(DOC_ADDRESS, server.base_url)
+    command = line.replace(DOC_ADDRESS, server.base_url).replace(DOC_MANAGEMENT, f"http://127.0.0.1:{PORTS.management}")
     env = {**os.environ, "CURL_HOME": str(workdir), "HOOKSERVE_ADMIN_TOKEN": TOKEN}
     done = subprocess.run(
         ["bash", "-c", command], cwd=workdir, env=env, capture_output=True, text=True, timeout=120, check=False
@@ -125,7 +146,7 @@ def run_curl(server: LiveServer, workdir: Path, line: str) -> tuple[subprocess.C
 
 
 def run_python(server: LiveServer, code: str) -> subprocess.CompletedProcess[str]:
-    script = code.replace(DOC_HOST, f"127.0.0.1:{server.port}")
+    script = code.replace(DOC_HOST, f"127.0.0.1:{server.port}").replace(DOC_GRPC, f"127.0.0.1:{PORTS.grpc}")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done

@@ -6,6 +6,7 @@ build and load in a second; `reference_model()` is the same module for expected 
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -14,13 +15,17 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 CLASSES = 10
 MODEL_FILE = '''\
 """A tiny image classifier: the one nn.Module class TorchServe's eager loader instantiates."""
+import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 
@@ -41,6 +46,15 @@ class MyHandler(BaseHandler):
     pass
 """
 LABELS = {str(i): [f"n{i:08d}", f"class_{i}"] for i in range(CLASSES)}
+
+
+def kitten() -> bytes:
+    """A smooth 300x451 JPEG (resizing it is stable to the last digits, whoever resizes)."""
+    y, x = np.mgrid[0:300, 0:451]
+    rgb = np.stack([x * 255 // 450, y * 255 // 299, (x + y) * 255 // 750], axis=-1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(rgb).save(out, format="JPEG", quality=95)
+    return out.getvalue()
 
 
 def reference_model() -> nn.Module:

@@ -35,6 +35,7 @@ from tests.torchserve.archives import (
     archiver,
     build_sources,
     eager_archive,
+    kitten,
     reference_model,
     rewritten,
     torchscript_archive,
@@ -84,15 +85,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         answer = http.post(f"{management}/models", params={"url": "tiny.mar", "synchronous": "true"}, headers=AUTH)
         assert answer.status_code == 200, answer.text
         yield Live(base, management, store, http)
-
-
-def kitten() -> bytes:
-    """A smooth 300x451 JPEG (resizing it is stable to the last digits, whoever resizes)."""
-    y, x = np.mgrid[0:300, 0:451]
-    rgb = np.stack([x * 255 // 450, y * 255 // 299, (x + y) * 255 // 750], axis=-1).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(rgb).save(out, format="JPEG", quality=95)
-    return out.getvalue()
 
 
 def handler_input(data: bytes) -> torch.Tensor:
