@@ -33,6 +33,7 @@ from service.errors import DeadlineExceeded, InvalidField, NotFound
 from service.introspection.layers import closest_names
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
+from service.runtime.batching import run_batch
 from service.runtime.fleet import ServedModel, Status
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.specs.vocab import Capture
@@ -143,7 +144,8 @@ async def output_info(served: ServedModel) -> list[TensorInfo]:
     if isinstance(cached, list):
         return cached
     probe = torch.zeros([1, *model.input_size], dtype=model.dtype)
-    outputs = await served.executor.predict(probe, flatten_outputs)
+    # alone on the eager module, not as a prediction: the model's statistics count only the requests it answers
+    outputs = await served.executor.run_exclusive(lambda: flatten_outputs(run_batch(model, [probe])[0]))
     infos = [
         TensorInfo(f"{OUTPUT_PREFIX}{i}", datatype_of(t.dtype), [-1, *t.shape[1:]] if t.ndim else [])
         for i, t in enumerate(outputs)

@@ -362,6 +362,9 @@ def test_model_config_is_what_triton_would_say_on_both_fronts(live: Live) -> Non
 
 
 def test_statistics_count_every_front_and_agree(live: Live) -> None:
+    probed = stats_of(live.grpc, "slow")
+    live.grpc.get_model_config("slow")  # its first probe of the outputs since it was loaded again: not a request
+    assert stats_of(live.grpc, "slow") == probed
     before = live.http.get_inference_statistics("lenet")["model_stats"][0]
     live.grpc.infer("lenet", [grpc_input(digits(2))])
     live.http.infer("lenet", [http_input(digits(3))])
