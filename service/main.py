@@ -63,7 +63,7 @@ MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/
 
 
 def runs_a_model(path: str) -> bool:
-    """The POST paths whose work a client's leaving should cancel."""
+    """The POST (and PUT) paths whose work a client's leaving should cancel."""
     if path.startswith(torchserve.PATHS):
         return True
     return path in MODEL_RUNNING_PATHS or (path.startswith(f"{v2.PREFIX}/models/") and path.endswith("/infer"))

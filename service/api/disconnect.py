@@ -25,7 +25,8 @@ class CancelOnDisconnectMiddleware:
         self.watched = watched
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or not self.watched(scope.get("path", "")):
+        watched = scope.get("method") in ("POST", "PUT") and self.watched(scope.get("path", ""))  # curl -T sends PUT
+        if scope["type"] != "http" or not watched:
             await self.app(scope, receive, send)
             return
         body_read = asyncio.Event()
