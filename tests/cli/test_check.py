@@ -46,7 +46,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_issue_typo_is_one_line_with_the_closest_source(tmp_path: Path) -> None:
     assert problems(tmp_path, TYPO) == [
-        "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python; "
+        "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python, torchscript; "
         "did you mean 'torchvision'?"
     ]
 
@@ -164,7 +164,7 @@ def test_hookserve_check_exit_status_and_output(hookserve: Hookserve, tmp_path: 
     bad = hookserve("check", "--config", "models.toml", "--model-dir", tmp_path)
     assert bad.status == 2
     assert bad.out.splitlines() == [
-        "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python; "
+        "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python, torchscript; "
         "did you mean 'torchvision'?"
     ]
     as_json = hookserve("check", "--config", "models.toml", "--model-dir", tmp_path, "--json")
@@ -192,7 +192,7 @@ def test_python_m_service_exits_2_with_the_lines_and_no_traceback(tmp_path: Path
         assert done.returncode == 2, done.stderr
         assert done.stderr.splitlines() == [
             "HOOKSERVE_PORT: 99999 is not a port (1 to 65535)",
-            "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python; "
+            "models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python, torchscript; "
             "did you mean 'torchvision'?",
             f"models.toml: models[1] (lenet).weights: no weights file 'lenet_digit.pt' under the model dir "
             f"{str(tmp_path)!r}; did you mean 'lenet_digits.pt'?",
