@@ -5,7 +5,8 @@ error list; a missing weights file or an absent GPU only as a failed model once 
 was up. `check(flags)` finds all of these up front and names, per problem, the file, the
 model entry and the field, with the closest valid value when there is one:
 
-    models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python, torchscript; did you mean 'torchvision'?
+    models.toml: models[0] (x).source: 'torvision' is not one of torchvision, timm, python, torchscript; did you
+    mean 'torchvision'?
 
 `python -m service` (and `hookserve serve`) exit with status 2 after printing them;
 `hookserve check` runs the same checks and loads nothing. Libraries are imported only

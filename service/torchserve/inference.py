@@ -9,7 +9,7 @@ examples with POST) or as a multipart field `data`, `file` or `body`; `/explanat
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 from starlette.datastructures import UploadFile
@@ -17,6 +17,7 @@ from starlette.datastructures import UploadFile
 from service.api.deps import PlaneDep
 from service.codecs.torchserve import classifier_answer, error_body, explanation_answer, indented
 from service.errors import BadInput, InvalidField
+from service.schemas.torchserve import TorchServeError, TorchServeStatus
 from service.torchserve.errors import TorchServeRoute
 
 router = APIRouter(tags=["torchserve"], route_class=TorchServeRoute)
@@ -24,6 +25,9 @@ PATHS = ("/predictions", "/explanations")
 IMAGE_FIELDS = ("data", "file", "body")
 JSON = "application/json"
 
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": TorchServeError} for code in (400, 404, 409, 413, 422, 499, 503, 504)
+}
 ModelName = Annotated[str, Path(description="A served model (GET /models lists them).", examples=["resnet18"])]
 Version = Annotated[str, Path(description="The archive's modelVersion (1 for other models).", examples=["1.0"])]
 _IMAGE_BODY = {
@@ -73,7 +77,12 @@ def _target(value: str | None) -> int | None:
     return int(value)
 
 
-@router.get("/ping", summary="TorchServe's health check: Healthy once every model is ready")
+@router.get(
+    "/ping",
+    summary="TorchServe's health check: Healthy once every model is ready",
+    response_model=TorchServeStatus,
+    responses={500: {"model": TorchServeStatus, "description": "Unhealthy: a model is loading or failed."}},
+)
 async def ping(plane: PlaneDep) -> Response:
     if plane.ts_healthy():
         return Response(indented({"status": "Healthy"}), media_type=JSON)
@@ -126,5 +135,6 @@ for _path, _endpoint, _summary in (
             methods=[_method],
             summary=_summary,
             openapi_extra=_IMAGE_BODY,
+            responses=ERRORS,
             operation_id=f"torchserve_{_endpoint.__name__}_{_method.lower()}",
         )
