@@ -160,7 +160,7 @@ def test_bad_optimizers_fail(optimizer: dict[str, Any], needle: str) -> None:
 
 
 def test_source_enum_is_closed() -> None:
-    assert {s.value for s in Source} == {"torchvision", "timm", "python"}
+    assert {s.value for s in Source} == {"torchvision", "timm", "python", "torchscript"}
 
 
 def test_every_source_has_exactly_one_builder() -> None:
