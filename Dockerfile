@@ -31,7 +31,7 @@ RUN useradd --create-home --uid 10001 --user-group hookserve \
 VOLUME ["/models"]
 USER 10001:10001
 
-EXPOSE 8000
+EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('HOOKSERVE_PORT', '8000') + '/healthz', timeout=4)"]
 

@@ -97,17 +97,24 @@ def test_paths_exist() -> None:
 
 
 def test_ports_match_the_settings_and_the_dockerfile() -> None:
-    default_port = Settings.model_fields["port"].default
-    exposed = re.findall(r"^EXPOSE (\d+)", (ROOT / "Dockerfile").read_text(), flags=re.M)
-    assert exposed == [str(default_port)]
-    host_ports = []
+    """Every front (HTTP, gRPC, TorchServe management) is exposed at its default port and published by
+    both services, on host ports that do not collide when every profile runs at once."""
+    fronts = {
+        "HOOKSERVE_PORT": Settings.model_fields["port"].default,
+        "HOOKSERVE_GRPC_PORT": Settings.model_fields["grpc_port"].default,
+        "HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT": Settings.model_fields["torchserve_management_port"].default,
+    }
+    (exposed,) = re.findall(r"^EXPOSE ([\d ]+)$", (ROOT / "Dockerfile").read_text(), flags=re.M)
+    assert sorted(exposed.split()) == sorted(str(port) for port in fronts.values())
+    host_ports: list[str] = []
     for name in ("hookserve", "hookserve-gpu"):
         service = services()[name]
-        (mapping,) = service["ports"]
-        host, container = mapping.split(":")
-        host_ports.append(host)
-        assert container == service["environment"]["HOOKSERVE_PORT"] == str(default_port)
-    assert len(set(host_ports)) == 2  # all profiles at once do not collide
+        published = dict(reversed(mapping.split(":")) for mapping in service["ports"])
+        environment = {**compose()["x-hookserve-environment"], **service["environment"]}
+        assert {environment[variable] for variable in fronts} == set(published)
+        assert all(environment[variable] == str(port) for variable, port in fronts.items())
+        host_ports.extend(published.values())
+    assert len(set(host_ports)) == len(host_ports)  # all profiles at once do not collide
 
 
 def test_variables_are_settings_and_load(monkeypatch: pytest.MonkeyPatch) -> None:
