@@ -153,6 +153,24 @@ class Settings(BaseSettings):
     max_checkpoint_scan_s: float = Field(
         20.0, gt=0, description="Seconds the checks before loading a checkpoint may take: 413 after them."
     )
+    # data-set jobs (POST /jobs)
+    data_dir: Path | None = Field(
+        None, description="Root of the image-folder data sets jobs may read; unset = only the built-in `digits`."
+    )
+    jobs_dir: Path | None = Field(
+        None, description="Where jobs keep their database, checkpoints and results; unset = `<model_dir>/.jobs`."
+    )
+    max_job_bytes: int = Field(
+        256 * MiB, ge=1, description="Disk one job's checkpoint and result may take, estimated before it starts: 413."
+    )
+    max_running_jobs: int = Field(1, ge=1, description="Jobs running at once; later ones wait `queued`.")
+    max_jobs: int = Field(1000, ge=1, description="Jobs kept (finished ones included) before POST /jobs answers 409.")
+    job_chunk_size: int = Field(
+        32, ge=1, description="Samples per chunk of a job: one low-priority hooked batch; cancel stops within one."
+    )
+    job_checkpoint_s: float = Field(
+        5.0, ge=0, description="Seconds between a running job's checkpoints (0: after every chunk)."
+    )
     request_timeout_s: float = Field(120.0, description="Per-request deadline (504 after it).")
     shutdown_grace_s: float = Field(
         30.0,

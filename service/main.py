@@ -29,6 +29,7 @@ from service.api.routes import (
     health,
     interventions,
     introspect,
+    jobs,
     metrics,
     models,
     nodes,
@@ -42,6 +43,7 @@ from service.api.uploads import UploadSlots
 from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.fronts import side_fronts
+from service.jobs.manager import JobManager
 from service.registry.builtin import ZOO_DIR, builtin_specs
 from service.runtime.fleet import Fleet
 from service.runtime.threads import start_decode_thread
@@ -83,6 +85,7 @@ ROUTERS = (
     introspect.router,
     nodes.router,  # /models/{name}/nodes: FX graph nodes
     checkpoints.router,
+    jobs.router,  # /jobs: data-set jobs (admin)
     metrics.router,
     v2.router,  # /v2: the Open Inference Protocol, with its own error envelope
     torchserve.router,  # /ping, /predictions, /explanations: TorchServe's inference API, with its envelope
@@ -104,7 +107,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         uploads = UploadSlots(settings.max_concurrent_uploads, settings.max_upload_scratch_bytes)
         uploads.start()
-        state = AppState(settings=settings, fleet=fleet, plane=DataPlane(settings, fleet, pool), uploads=uploads)
+        plane = DataPlane(settings, fleet, pool)
+        jobs_manager = JobManager(settings, plane)
+        state = AppState(settings=settings, fleet=fleet, plane=plane, uploads=uploads, jobs=jobs_manager)
         app.state.hookserve = state
         if settings.config is not None:
             for spec in load_specs(Path(settings.config)):
@@ -112,11 +117,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else:
             for spec in builtin_specs():
                 fleet.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
+        jobs_manager.resume()  # jobs the last server left running go on from their checkpoints
         try:
             async with side_fronts(app, state):  # gRPC and TorchServe's management API, on their own ports
                 yield
         finally:
             state.draining = True
+            await jobs_manager.close()  # before the fleet: running jobs stay `running`, to resume on the next start
             await fleet.close()
             pool.shutdown(wait=False, cancel_futures=True)
             uploads.close()
@@ -134,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"name": "inference", "description": "What does the model say?"},
             {"name": "introspection", "description": "Why, and what happens inside?"},
             {"name": "experiments", "description": "What if? Edit what happens inside and watch the answer move."},
+            {"name": "jobs", "description": "Data-set jobs: unit statistics and exemplars over a whole data set."},
         ],
     )
     install_error_handlers(app)

@@ -10,6 +10,7 @@ from fastapi import Depends, Path, Request
 from service.api.uploads import UploadSlots
 from service.config import Settings
 from service.dataplane.plane import DataPlane
+from service.jobs.manager import JobManager
 from service.runtime.fleet import Fleet, ServedModel
 
 
@@ -21,6 +22,7 @@ class AppState:
     fleet: Fleet
     plane: DataPlane
     uploads: UploadSlots
+    jobs: JobManager
     draining: bool = False
 
 
@@ -37,6 +39,13 @@ def data_plane(request: Request) -> DataPlane:
 
 
 PlaneDep = Annotated[DataPlane, Depends(data_plane)]
+
+
+def job_manager(request: Request) -> JobManager:
+    return app_state(request).jobs
+
+
+JobsDep = Annotated[JobManager, Depends(job_manager)]
 
 ModelName = Annotated[str, Path(description="A model name from GET /models.", examples=["lenet"])]
 

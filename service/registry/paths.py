@@ -10,19 +10,20 @@ from typing import Any
 from service.errors import Forbidden, NotFound
 
 
-def resolve_under(root: Path, relative: str, *, must_exist: bool = True) -> Path:
-    """Resolve `relative` against `root`, following symlinks; refuse anything that escapes."""
+def resolve_under(root: Path, relative: str, *, must_exist: bool = True, where: str = "the model dir") -> Path:
+    """Resolve `relative` against `root` (`where` names it in errors), following symlinks; refuse anything
+    that escapes."""
     if not relative or "\x00" in relative:
-        raise Forbidden("path must be a non-empty path relative to the model dir")
+        raise Forbidden(f"path must be a non-empty path relative to {where}")
     candidate = Path(relative)
     if candidate.is_absolute():
-        raise Forbidden("absolute paths are refused; give a path relative to the model dir")
+        raise Forbidden(f"absolute paths are refused; give a path relative to {where}")
     base = root.resolve()
     resolved = (base / candidate).resolve()
     if not resolved.is_relative_to(base):
-        raise Forbidden(f"path {relative!r} resolves outside the model dir")
+        raise Forbidden(f"path {relative!r} resolves outside {where}")
     if must_exist and not resolved.is_file():
-        raise NotFound(f"no file {relative!r} under the model dir")
+        raise NotFound(f"no file {relative!r} under {where}")
     return resolved
 
 

@@ -161,15 +161,19 @@ class ModelExecutor:
         inputs: torch.Tensor | Awaitable[torch.Tensor],
         request: Any,
         arrival: Arrival | None = None,
+        *,
+        background: bool = False,
     ) -> Any:
         """Run `request` on `inputs` [N, ...] with `runner`, batched with other requests of the same key.
 
         An awaitable `inputs` (the request's decoding) is announced while it runs; so is a
         request whose `arrival` (from `arriving`) is still open, until it is queued here.
+        A `background` job (a data-set job's chunk) runs only when no interactive job can start,
+        and shares batches only with other background jobs.
         """
         future: Future[Any] = Future()
         if isinstance(inputs, torch.Tensor):
-            job = self._job(future, runner, inputs, request)
+            job = self._job(future, runner, inputs, request, background)
             try:
                 self._scheduler.put(job)
             finally:
@@ -177,7 +181,7 @@ class ModelExecutor:
                     arrival.leave()
         else:
             with self.arriving(runner.name):
-                job = self._job(future, runner, await inputs, request)
+                job = self._job(future, runner, await inputs, request, background)
                 self._scheduler.put(job)
         return await self._wait(future, job)
 
@@ -195,15 +199,18 @@ class ModelExecutor:
         self._scheduler.put(job)
         return await self._wait(future, job)
 
-    def _job(self, future: Future[Any], runner: Runner[Any], inputs: torch.Tensor, request: Any) -> Job:
+    def _job(
+        self, future: Future[Any], runner: Runner[Any], inputs: torch.Tensor, request: Any, background: bool = False
+    ) -> Job:
         if runner.hooked:
             access = Access.HOOKED if self.model.lanes else Access.EAGER_EXCLUSIVE
             batchable = self.model.spec.batch_introspection
         else:
             access = Access.FAST if self.model.fast is not None else Access.EAGER_SHARED
             batchable = True
-        key = (runner.name, runner.key(request), tuple(inputs.shape[1:]), inputs.dtype) if batchable else None
-        return Job(future, access, key, int(inputs.shape[0]), runner.name, _Work(runner, inputs, request))
+        key = (runner.name, runner.key(request), tuple(inputs.shape[1:]), inputs.dtype, background) if batchable else None
+        work = _Work(runner, inputs, request)
+        return Job(future, access, key, int(inputs.shape[0]), runner.name, work, background=background)
 
     @contextmanager
     def arriving(self, kind: str) -> Iterator[Arrival]:

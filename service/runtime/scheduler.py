@@ -18,6 +18,9 @@ The policy, in full:
   them on the fast path, and where work shares the eager module it queues behind an older job
   that needs it alone instead of overtaking it (phase-fair reader/writer order, not writer- or
   reader-preferring).
+- Background jobs (data-set jobs' chunks) come last: a background job starts only when no
+  interactive job can start now, and never overtakes a waiting interactive job it conflicts with.
+  A data-set job queues one chunk at a time, so an interactive request waits for one chunk at most.
 
 No torch here: the executor runs what this hands out (`tests/runtime/test_scheduler.py`).
 """
@@ -62,6 +65,7 @@ class Job:
     payload: Any = None  # what the executor needs to run it
     enqueued: float = field(default_factory=time.perf_counter)
     left: bool = False  # its waiter gave up (deadline, or the client went away)
+    background: bool = False  # low priority: runs only when no interactive job can start
 
     @property
     def abandoned(self) -> bool:
@@ -184,9 +188,16 @@ class Scheduler:
 
     # ---- policy ---------------------------------------------------------------------------
     def _startable(self) -> Job | None:
-        """The oldest job that can start now without overtaking an older job it conflicts with."""
+        """The oldest interactive job that can start now without overtaking an older interactive job it
+        conflicts with; else the oldest job at all that can (background jobs overtake no conflicting job)."""
+        first = self._oldest_startable([job for job in self._jobs if not job.background])
+        if first is None and any(job.background for job in self._jobs):
+            first = self._oldest_startable(self._jobs)
+        return first
+
+    def _oldest_startable(self, jobs: Sequence[Job] | deque[Job]) -> Job | None:
         waiting: list[Access] = []
-        for job in self._jobs:
+        for job in jobs:
             if self._can_start(job.access) and not any(job.access.conflicts(w) for w in waiting):
                 return job
             waiting.append(job.access)

@@ -72,3 +72,16 @@ class Datatype(StrEnum):  # Open Inference Protocol tensor datatypes (`service.d
     FP64 = "FP64"
     BF16 = "BF16"
     BYTES = "BYTES"
+
+
+class JobKindName(StrEnum):  # what a data-set job computes (POST /jobs)
+    unit_stats = "unit_stats"
+    exemplars = "exemplars"
+
+
+class JobState(StrEnum):  # a data-set job's life
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.runtime",),  # executors, the fleet, jobs on models
     ("service.codecs",),  # wire formats
     ("service.dataplane",),  # the façade
+    ("service.jobs",),  # data-set jobs: chunks of hooked batches on the data plane, persisted
     ("service.api", "service.grpc", "service.torchserve"),  # the protocol fronts: HTTP, gRPC, TorchServe's APIs
     ("service.main", "service.fronts"),  # the app, and the fronts it serves beside HTTP
     # entry points: the server, the command line and its start-up checks, retraining the LeNet, the cluster

@@ -1,0 +1,88 @@
+"""/jobs: data-set jobs (unit statistics, exemplars), run on the server in the background. Admin only:
+a job spends minutes of compute and reads server-side data."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.api.auth import require_admin
+from service.api.bodies import read_json, validate
+from service.api.deps import JobsDep
+from service.api.openapi import error_responses, json_body
+from service.jobs.store import JobRow
+from service.schemas.jobs import FileError, JobInfo, JobList, JobParameters, JobRequest
+from service.specs.vocab import JobKindName, JobState
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin)])
+
+
+def job_info(row: JobRow) -> JobInfo:
+    running = row.state is JobState.running
+    left = row.total - row.done
+    return JobInfo(
+        id=row.id,
+        kind=JobKindName(row.kind),
+        model=row.model,
+        dataset=row.dataset,
+        layers=row.layers,
+        parameters=JobParameters.model_validate(row.parameters),
+        state=row.state,
+        done=row.done,
+        total=row.total,
+        progress=row.done / row.total if row.total else 1.0,
+        rate=row.rate if running else None,
+        eta_s=left / row.rate if running and row.rate else None,
+        errors=[FileError.model_validate(e) for e in row.errors],
+        error_count=row.error_count,
+        error=row.error,
+        created=row.created,
+        started=row.started,
+        finished=row.finished,
+    )
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=JobInfo,
+    summary="Start a data-set job (admin)",
+    responses=error_responses(400, 401, 403, 404, 409, 413, 422),
+    openapi_extra=json_body(JobRequest),
+)
+async def start_job(request: Request, jobs: JobsDep) -> JSONResponse:
+    """The body is read only after the token is checked. 202: the job is queued; poll GET /jobs/{id}."""
+    body = validate(JobRequest, await read_json(request))
+    info = job_info(await jobs.submit(body))
+    return JSONResponse(info.model_dump(mode="json"), status_code=202, headers={"Location": f"/jobs/{info.id}"})
+
+
+@router.get("/jobs", response_model=JobList, summary="Every job, oldest first (admin)", responses=error_responses(401, 403))
+async def list_jobs(jobs: JobsDep) -> JobList:
+    return JobList(jobs=[job_info(row) for row in jobs.all()])
+
+
+@router.get(
+    "/jobs/{job_id}", response_model=JobInfo, summary="A job's state and progress (admin)", responses=error_responses(401, 403, 404)
+)
+async def get_job(job_id: str, jobs: JobsDep) -> JobInfo:
+    return job_info(jobs.get(job_id))
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    response_model=JobInfo,
+    summary="Cancel a queued or running job (admin)",
+    responses=error_responses(401, 403, 404, 409),
+)
+async def cancel_job(job_id: str, jobs: JobsDep) -> JobInfo:
+    return job_info(await jobs.cancel(job_id))
+
+
+@router.get(
+    "/jobs/{job_id}/result",
+    summary="A succeeded job's result, JSON (admin)",
+    responses={200: {"content": {"application/json": {}}}, **error_responses(401, 403, 404, 409)},
+)
+async def job_result(job_id: str, jobs: JobsDep) -> Response:
+    return Response(jobs.result(job_id), media_type="application/json")
