@@ -84,8 +84,9 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
 class Digits(Dataset):
     """scikit-learn's 1797 8×8 digits, as the 8-bit grayscale images (ink bright on dark) a client sends."""
 
-    name = DIGITS
-    classes = [str(i) for i in range(10)]
+    def __init__(self) -> None:
+        self.name = DIGITS
+        self.classes = [str(i) for i in range(10)]
 
     def __len__(self) -> int:
         return len(_digits()[1])

@@ -152,6 +152,7 @@ class JobManager:
         kind = JobKindName(row.kind)
         found = reduction(kind, row.parameters)
         done = self._restore(row, found)
+        row.resumed_from = done if row.started is not None else None
         row.state, row.done, row.started = JobState.running, done, row.started or time.time()
         self.store.save(row)
         request = CaptureRequest(tuple(row.layers))
@@ -248,4 +249,3 @@ def _of(key: str, layers: list[str]) -> bool:
 def _encode_result(found: Reduction, dataset: Dataset, row: JobRow) -> bytes:
     body = {"id": row.id, "kind": row.kind, "model": row.model, "dataset": row.dataset, "samples": row.total}
     return json.dumps(body | found.result(dataset)).encode()
-

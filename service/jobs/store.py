@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_count INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     rate REAL,
+    resumed_from INTEGER,
     created REAL NOT NULL,
     started REAL,
     finished REAL
@@ -54,6 +55,7 @@ class JobRow:
     error_count: int = 0
     error: str | None = None
     rate: float | None = None
+    resumed_from: int | None = None  # samples done at the checkpoint the last (re)start resumed from
     created: float = field(default_factory=time.time)
     started: float | None = None
     finished: float | None = None
@@ -85,12 +87,14 @@ class JobStore:
     def add(self, row: JobRow) -> None:
         values = [_to_db(name, getattr(row, name)) for name in _COLUMNS]
         with self._lock:
-            self._db.execute(f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+            self._db.execute(
+                f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values
+            )
         self.folder(row.id).mkdir(parents=True, exist_ok=True)
 
     def save(self, row: JobRow) -> None:
         """Write every mutable field of `row`."""
-        names = ("state", "done", "errors", "error_count", "error", "rate", "started", "finished")
+        names = ("state", "done", "errors", "error_count", "error", "rate", "resumed_from", "started", "finished")
         values = [_to_db(name, getattr(row, name)) for name in names]
         with self._lock:
             self._db.execute(f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?", [*values, row.id])

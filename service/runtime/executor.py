@@ -208,7 +208,9 @@ class ModelExecutor:
         else:
             access = Access.FAST if self.model.fast is not None else Access.EAGER_SHARED
             batchable = True
-        key = (runner.name, runner.key(request), tuple(inputs.shape[1:]), inputs.dtype, background) if batchable else None
+        key = (
+            (runner.name, runner.key(request), tuple(inputs.shape[1:]), inputs.dtype, background) if batchable else None
+        )
         work = _Work(runner, inputs, request)
         return Job(future, access, key, int(inputs.shape[0]), runner.name, work, background=background)
 

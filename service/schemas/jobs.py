@@ -75,6 +75,9 @@ class JobInfo(BaseModel):
     progress: float = Field(..., description="done / total, 0..1.")
     rate: float | None = Field(None, description="Samples per second since the job (re)started.")
     eta_s: float | None = Field(None, description="Seconds left at that rate.")
+    resumed_from: int | None = Field(
+        None, description="When a restarted server resumed the job: the samples done at the checkpoint it went on from."
+    )
     errors: list[FileError] = Field(default_factory=list, description="Samples skipped (unreadable files), first 100.")
     error_count: int = 0
     error: str | None = Field(None, description="Why a failed job failed.")

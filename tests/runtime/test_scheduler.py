@@ -231,3 +231,44 @@ def test_no_kind_starves_under_a_constant_stream_of_both(predictions: Access, ho
     rank = {payload: i for i, payload in enumerate(sorted(arrival, key=arrival.__getitem__))}
     lateness = [i - rank[payload] for i, payload in enumerate(served)]
     assert max(lateness) <= 16  # served a few batches late at worst, not later as the stream goes on
+
+
+def background(access: Access, key: Hashable | None = None) -> Job:
+    found = job(access, key)
+    found.background = True
+    return found
+
+
+def test_background_jobs_wait_for_every_interactive_job_that_can_start() -> None:
+    s = scheduler(lanes=1)
+    chunk, request, prediction = background(HOOKED, "b"), job(HOOKED, "a"), job(FAST, "p")
+    for j in (chunk, request, prediction):
+        s.put(j)
+    assert ids(take(s)) == [request.payload]  # the older background chunk waits
+    assert ids(take(s)) == [prediction.payload]
+    assert take(s) is None  # the lane is busy: the chunk starts when it is free
+    s.done(Batch([request], HOOKED))
+    assert ids(take(s)) == [chunk.payload]
+
+
+def test_a_background_job_never_overtakes_a_conflicting_interactive_one() -> None:
+    s = scheduler()
+    summary, chunk = job(EXCLUSIVE), background(SHARED)
+    s.put(summary)
+    s.put(chunk)
+    first = take(s)
+    assert ids(first) == [summary.payload]
+    assert take(s) is None  # the eager module is held alone
+    assert first is not None
+    s.done(first)
+    assert ids(take(s)) == [chunk.payload]
+
+
+def test_background_jobs_batch_with_each_other_after_the_interactive_job() -> None:
+    s = scheduler(lanes=2)
+    chunks = [background(HOOKED, ("activations", True)) for _ in range(2)]
+    request = job(HOOKED, ("activations", False))  # the executor keys background work apart
+    for j in (*chunks, request):
+        s.put(j)
+    assert ids(take(s)) == [request.payload]
+    assert ids(take(s)) == [c.payload for c in chunks]

@@ -33,6 +33,7 @@ def job_info(row: JobRow) -> JobInfo:
         progress=row.done / row.total if row.total else 1.0,
         rate=row.rate if running else None,
         eta_s=left / row.rate if running and row.rate else None,
+        resumed_from=row.resumed_from,
         errors=[FileError.model_validate(e) for e in row.errors],
         error_count=row.error_count,
         error=row.error,
@@ -57,13 +58,18 @@ async def start_job(request: Request, jobs: JobsDep) -> JSONResponse:
     return JSONResponse(info.model_dump(mode="json"), status_code=202, headers={"Location": f"/jobs/{info.id}"})
 
 
-@router.get("/jobs", response_model=JobList, summary="Every job, oldest first (admin)", responses=error_responses(401, 403))
+@router.get(
+    "/jobs", response_model=JobList, summary="Every job, oldest first (admin)", responses=error_responses(401, 403)
+)
 async def list_jobs(jobs: JobsDep) -> JobList:
     return JobList(jobs=[job_info(row) for row in jobs.all()])
 
 
 @router.get(
-    "/jobs/{job_id}", response_model=JobInfo, summary="A job's state and progress (admin)", responses=error_responses(401, 403, 404)
+    "/jobs/{job_id}",
+    response_model=JobInfo,
+    summary="A job's state and progress (admin)",
+    responses=error_responses(401, 403, 404),
 )
 async def get_job(job_id: str, jobs: JobsDep) -> JobInfo:
     return job_info(jobs.get(job_id))

@@ -1,0 +1,281 @@
+"""/jobs through the HTTP API: unit statistics and exemplars over digits and an image folder equal a hand
+loop; bad requests are clear 4xx; cancel stops a job; a restarted server resumes a running one."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from service.codecs.preprocess import preprocess_image
+from service.config import Settings
+from service.introspection.unit_stats import units
+from service.main import create_app
+from service.zoo.lenet import LeNet, lenet_preprocess_spec
+from tests.conftest import direct_capture, hooks, wait_settled, write_lenet
+
+TOKEN = "jobs-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SAMPLES = 200
+LAYERS = ["conv1", "conv2", "fc1"]
+
+
+def digit_image(values: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.clip(values * 16, 0, 255).astype(np.uint8))
+
+
+def settings_for(root: Path, **overrides: Any) -> Settings:
+    config = root / "models.toml"
+    if not config.exists():
+        config.write_text(write_lenet(root))
+    values: dict[str, Any] = {
+        "model_dir": root,
+        "config": config,
+        "admin_token": TOKEN,
+        "data_dir": root / "data",
+        "jobs_dir": root / "jobs",
+        "worker_threads": 1,
+        "job_chunk_size": 32,
+        "job_checkpoint_s": 60.0,
+        "max_job_bytes": 1024 * 1024,
+    }
+    return Settings(**(values | overrides))
+
+
+def write_folder(data: Path) -> list[tuple[str, int]]:
+    """`data/shapes/{even,odd}/` PNGs of the first 24 digits, and a corrupt file in `odd`; (file, label) in order."""
+    digits = load_digits()
+    for i in range(24):
+        folder = data / "shapes" / ("even" if digits.target[i] % 2 == 0 else "odd")
+        folder.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        digit_image(digits.images[i]).save(buf, format="PNG")
+        (folder / f"d{i:02d}.png").write_bytes(buf.getvalue())
+    (data / "shapes" / "odd" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    (data / "empty" / "cls").mkdir(parents=True)
+    (data / "empty" / "cls" / "notes.txt").write_text("no images here")
+    files = sorted(
+        (p.relative_to(data / "shapes").as_posix(), 0 if p.parent.name == "even" else 1)
+        for p in (data / "shapes").rglob("*.png")
+    )
+    return files
+
+
+@pytest.fixture(scope="module")
+def jobs_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    root = tmp_path_factory.mktemp("jobs")
+    write_folder(root / "data")
+    with TestClient(create_app(settings_for(root))) as client:
+        wait_settled(client)
+        yield client
+
+
+def run_job(client: TestClient, body: dict[str, Any], timeout: float = 120.0) -> tuple[dict[str, Any], Any]:
+    """Start a job, wait for it to end; (its final state, its result or None)."""
+    answer = client.post("/jobs", json=body, headers=AUTH)
+    assert answer.status_code == 202, answer.text
+    assert answer.headers["location"] == f"/jobs/{answer.json()['id']}"
+    info = wait_ended(client, answer.json()["id"], timeout)
+    result = client.get(f"/jobs/{info['id']}/result", headers=AUTH)
+    return info, result.json() if result.status_code == 200 else None
+
+
+def wait_ended(client: TestClient, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info: dict[str, Any] = client.get(f"/jobs/{job_id}", headers=AUTH).json()
+        if info["state"] not in ("queued", "running"):
+            return info
+        time.sleep(0.05)
+    raise TimeoutError(f"job {job_id} still running")
+
+
+def digits_batch(n: int) -> tuple[torch.Tensor, np.ndarray]:
+    digits = load_digits()
+    spec = lenet_preprocess_spec()
+    x = torch.stack([preprocess_image(digit_image(v), spec, 3) for v in digits.images[:n]])
+    return x, digits.target[:n]
+
+
+@pytest.fixture(scope="module")
+def reference(lenet: LeNet) -> dict[str, torch.Tensor]:
+    """Each layer's output over the first SAMPLES digits, captured by hand in one forward."""
+    x, _ = digits_batch(SAMPLES)
+    return {name: sides["output"] for name, sides in direct_capture(lenet, LAYERS, x).items()}
+
+
+def assert_close(got: list[float], expected: torch.Tensor) -> None:
+    torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unit_stats_equal_a_hand_loop(jobs_client: TestClient, reference: dict[str, torch.Tensor]) -> None:
+    body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["conv*", "fc1"], "limit": SAMPLES}
+    info, result = run_job(jobs_client, {**body, "parameters": {"bins": 16}})
+    assert info["state"] == "succeeded", info
+    assert (info["done"], info["total"], info["progress"], info["layers"]) == (SAMPLES, SAMPLES, 1.0, LAYERS)
+    for name in LAYERS:
+        v = units(reference[name]).transpose(0, 1).reshape(units(reference[name]).shape[1], -1)  # [U, values]
+        got = result["layers"][name]
+        assert got["count"] == v.shape[1]
+        assert_close(got["mean"], v.mean(dim=1))
+        assert_close(got["std"], v.std(dim=1, unbiased=False))
+        assert_close(got["max"], v.amax(dim=1))
+        assert_close(got["fraction_positive"], (v > 0).double().mean(dim=1))
+        edges = np.array(got["histogram"]["edges"])
+        counts = np.stack([np.histogram(row, bins=edges)[0] for row in v.numpy()])
+        first_chunk = units(reference[name][:32])  # the default range: the first chunk's min and max
+        assert edges[0] == pytest.approx(float(first_chunk.min()), rel=1e-6)
+        assert edges[-1] == pytest.approx(float(first_chunk.max()), rel=1e-6)
+        inside = np.array(got["histogram"]["counts"])
+        outside = np.array(got["histogram"]["under"]) + np.array(got["histogram"]["over"])
+        assert (inside.sum(axis=1) + outside == v.shape[1]).all()
+        assert np.abs(inside - counts).sum() <= 2 * v.shape[0]  # values on a bucket edge may round either way
+    assert hooks(jobs_client, "lenet") == 0
+
+
+def test_unit_stats_with_a_given_range_count_what_falls_outside(
+    jobs_client: TestClient, reference: dict[str, torch.Tensor]
+) -> None:
+    body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": SAMPLES}
+    _, result = run_job(jobs_client, {**body, "parameters": {"bins": 4, "range": [0.0, 1.0]}})
+    v = reference["fc1"].double().T
+    hist = result["layers"]["fc1"]["histogram"]
+    assert hist["edges"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert hist["under"] == (v < 0).sum(dim=1).tolist()
+    assert hist["over"] == (v > 1).sum(dim=1).tolist()
+
+
+@pytest.mark.parametrize("score", ["max", "mean"])
+def test_exemplars_equal_a_hand_loop(jobs_client: TestClient, reference: dict[str, torch.Tensor], score: str) -> None:
+    body = {"kind": "exemplars", "model": "lenet", "dataset": "digits", "layers": LAYERS, "limit": SAMPLES}
+    info, result = run_job(jobs_client, {**body, "parameters": {"k": 5, "score": score}})
+    assert info["state"] == "succeeded", info
+    _, labels = digits_batch(SAMPLES)
+    assert result["classes"] == [str(i) for i in range(10)]
+    for name in LAYERS:
+        v = units(reference[name])
+        scores = (v.amax(dim=2) if score == "max" else v.mean(dim=2)).T  # [U, N]
+        for unit, found in enumerate(result["layers"][name]):
+            expected = sorted(range(SAMPLES), key=lambda i: (-float(scores[unit, i]), i))[:5]
+            assert [s["index"] for s in found] == expected
+            assert [s["label"] for s in found] == [int(labels[i]) for i in expected]
+            assert_close([s["score"] for s in found], scores[unit, expected])
+
+
+def test_an_image_folder_gives_labels_and_files_and_lists_unreadable_ones(
+    jobs_client: TestClient, lenet: LeNet
+) -> None:
+    body = {"kind": "exemplars", "model": "lenet", "dataset": "shapes", "layers": ["fc3"], "parameters": {"k": 3}}
+    info, result = run_job(jobs_client, body)
+    assert info["state"] == "succeeded", info
+    assert info["total"] == 25
+    assert info["error_count"] == 1
+    [error] = info["errors"]
+    assert error["file"] == "odd/broken.png"
+    assert "not a decodable image" in error["detail"]
+    assert result["classes"] == ["even", "odd"]
+    files = sorted(p for p in (Path(jobs_client.app.state.hookserve.settings.data_dir) / "shapes").rglob("d*.png"))  # type: ignore[attr-defined]
+    spec = lenet_preprocess_spec()
+    x = torch.stack([preprocess_image(Image.open(p), spec, 3) for p in files])
+    with torch.no_grad():
+        logits = lenet(x)
+    names = [p.parent.name + "/" + p.name for p in files]
+    for unit, found in enumerate(result["layers"]["fc3"]):
+        order = sorted(range(len(files)), key=lambda i: (-float(logits[i, unit]), i))[:3]
+        assert [s["file"] for s in found] == [names[i] for i in order]
+        assert [s["label"] for s in found] == [0 if names[i].startswith("even") else 1 for i in order]
+
+
+def test_jobs_need_the_admin_token(jobs_client: TestClient) -> None:
+    assert jobs_client.get("/jobs").status_code == 401
+    assert jobs_client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["fc1"]}
+    assert jobs_client.post("/jobs", json=body).status_code == 401
+    assert jobs_client.get("/jobs/anything/result").status_code == 401
+
+
+BASE = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": 8}
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "words"),
+    [
+        ({"dataset": "../models"}, 403, "outside the data dir"),
+        ({"dataset": "/etc"}, 403, "absolute paths are refused"),
+        ({"dataset": "nowhere"}, 404, "no dataset folder"),
+        ({"dataset": "empty"}, 422, "holds no images"),
+        ({"layers": ["nope"]}, 422, "nope"),
+        ({"model": "nope"}, 404, "nope"),
+        ({"kind": "tsne"}, 422, "kind"),
+        ({"limit": 0}, 422, "limit"),
+        ({"parameters": {"range": [1.0, 0.0]}}, 422, "lo < hi"),
+        ({"parameters": {"bins": 2}, "surplus": 1}, 422, "surplus"),
+        ({"layers": ["*"], "parameters": {"bins": 1024}}, 413, "max_job_bytes"),
+    ],
+)
+def test_bad_jobs_are_refused_clearly(jobs_client: TestClient, change: dict[str, Any], status: int, words: str) -> None:
+    answer = jobs_client.post("/jobs", json=BASE | change, headers=AUTH)
+    assert answer.status_code == status, answer.text
+    assert words in answer.text
+
+
+def test_unknown_jobs_are_404(jobs_client: TestClient) -> None:
+    for method, path in (("GET", "/jobs/nope"), ("DELETE", "/jobs/nope"), ("GET", "/jobs/nope/result")):
+        answer = jobs_client.request(method, path, headers=AUTH)
+        assert answer.status_code == 404
+        assert "GET /jobs" in answer.text
+
+
+def test_cancel_stops_a_job(jobs_client: TestClient) -> None:
+    body = {"kind": "exemplars", "model": "lenet", "dataset": "digits", "layers": ["conv1"]}
+    started = jobs_client.post("/jobs", json=body, headers=AUTH).json()
+    cancelled = jobs_client.delete(f"/jobs/{started['id']}", headers=AUTH)
+    assert cancelled.status_code == 200
+    info = cancelled.json()
+    assert info["state"] == "cancelled"
+    assert info["done"] < info["total"] == 1797
+    time.sleep(0.3)
+    assert jobs_client.get(f"/jobs/{started['id']}", headers=AUTH).json()["done"] == info["done"]
+    assert jobs_client.get(f"/jobs/{started['id']}/result", headers=AUTH).status_code == 409
+    again = jobs_client.delete(f"/jobs/{started['id']}", headers=AUTH)
+    assert again.status_code == 409
+    assert "already cancelled" in again.text
+    assert started["id"] in [job["id"] for job in jobs_client.get("/jobs", headers=AUTH).json()["jobs"]]
+    assert hooks(jobs_client, "lenet") == 0
+
+
+def test_a_restarted_server_resumes_a_running_job(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
+    settings = settings_for(tmp_path, job_chunk_size=2, job_checkpoint_s=0.0)  # a checkpoint after every chunk
+    body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["conv2"], "limit": SAMPLES}
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        job_id = client.post("/jobs", json=body, headers=AUTH).json()["id"]
+        deadline = time.monotonic() + 60
+        while (info := client.get(f"/jobs/{job_id}", headers=AUTH).json())["done"] < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert info["state"] == "running"
+    assert info["done"] < SAMPLES
+    assert info["rate"] > 0
+    assert info["eta_s"] > 0
+    assert info["resumed_from"] is None
+    with TestClient(create_app(settings)) as client:
+        ended = wait_ended(client, job_id)
+        assert ended["state"] == "succeeded", ended
+        assert 20 - 2 <= ended["resumed_from"] < SAMPLES  # from the last checkpoint, not from the start
+        result = client.get(f"/jobs/{job_id}/result", headers=AUTH).json()
+    v = units(reference["conv2"])
+    flat = v.transpose(0, 1).reshape(v.shape[1], -1)
+    got = result["layers"]["conv2"]
+    assert got["count"] == flat.shape[1]  # every sample once: none skipped, none counted twice
+    assert_close(got["mean"], flat.mean(dim=1))
+    assert_close(got["std"], flat.std(dim=1, unbiased=False))
