@@ -115,11 +115,12 @@ class JobManager:
             self._finish(row, JobState.cancelled)
         return self.get(job_id)
 
-    def result(self, job_id: str) -> bytes:
+    async def result(self, job_id: str) -> bytes:
+        """A succeeded job's result file (read off the event loop: it may be megabytes)."""
         row = self.get(job_id)
         if row.state is not JobState.succeeded:
             raise Conflict(f"job {job_id} is {row.state}; its result exists once it has succeeded")
-        data = self.store.read(job_id, RESULT)
+        data = await self.plane.off_loop(self.store.read, job_id, RESULT)
         if data is None:
             raise NotFound(f"job {job_id}'s result file is missing")
         return data

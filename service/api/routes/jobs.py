@@ -91,4 +91,4 @@ async def cancel_job(job_id: str, jobs: JobsDep) -> JobInfo:
     responses={200: {"content": {"application/json": {}}}, **error_responses(401, 403, 404, 409)},
 )
 async def job_result(job_id: str, jobs: JobsDep) -> Response:
-    return Response(jobs.result(job_id), media_type="application/json")
+    return Response(await jobs.result(job_id), media_type="application/json")
