@@ -83,7 +83,9 @@ class JobManager:
                 f"{self.settings.max_job_bytes} (max_job_bytes); name fewer layers or ask for fewer bins or exemplars"
             )
         if self.store.count() >= self.settings.max_jobs:
-            raise Conflict(f"{self.settings.max_jobs} jobs are kept (max_jobs); delete finished ones first")
+            raise Conflict(
+                f"{self.settings.max_jobs} jobs are kept (max_jobs); delete finished ones first (DELETE /jobs/{{id}})"
+            )
         row = JobRow(
             secrets.token_hex(8), body.kind.value, model.name, dataset.name, layers, parameters, JobState.queued, total
         )
@@ -101,10 +103,12 @@ class JobManager:
         return row
 
     async def cancel(self, job_id: str) -> JobRow:
-        """Stop a queued or running job (within its chunk); a finished one is left as it is (409)."""
+        """Stop a queued or running job (within its chunk; it is kept, `cancelled`); a finished job is deleted
+        with its files. Either way the job as it was last is returned."""
         row = self.get(job_id)
         if row.finished_state:
-            raise Conflict(f"job {job_id} already {row.state}; nothing to cancel")
+            await self.plane.off_loop(self.store.delete, job_id)
+            return row
         self._cancelled.add(job_id)
         task = self._tasks.get(job_id)
         if task is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -112,6 +113,12 @@ class JobStore:
     def count(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
+    def delete(self, job_id: str) -> None:
+        """Forget a job: its row, then its folder."""
+        with self._lock:
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        shutil.rmtree(self.folder(job_id), ignore_errors=True)
 
     def folder(self, job_id: str) -> Path:
         return self.root / job_id

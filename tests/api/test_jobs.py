@@ -228,6 +228,15 @@ def test_bad_jobs_are_refused_clearly(jobs_client: TestClient, change: dict[str,
     assert words in answer.text
 
 
+def test_deleting_a_finished_job_removes_its_files(jobs_client: TestClient) -> None:
+    info, _ = run_job(jobs_client, BASE)
+    folder = Path(jobs_client.app.state.hookserve.settings.jobs_dir) / info["id"]  # type: ignore[attr-defined]
+    assert (folder / "result.json").is_file()
+    assert jobs_client.delete(f"/jobs/{info['id']}", headers=AUTH).status_code == 200
+    assert not folder.exists()
+    assert jobs_client.get(f"/jobs/{info['id']}/result", headers=AUTH).status_code == 404
+
+
 def test_unknown_jobs_are_404(jobs_client: TestClient) -> None:
     for method, path in (("GET", "/jobs/nope"), ("DELETE", "/jobs/nope"), ("GET", "/jobs/nope/result")):
         answer = jobs_client.request(method, path, headers=AUTH)
@@ -246,10 +255,11 @@ def test_cancel_stops_a_job(jobs_client: TestClient) -> None:
     time.sleep(0.3)
     assert jobs_client.get(f"/jobs/{started['id']}", headers=AUTH).json()["done"] == info["done"]
     assert jobs_client.get(f"/jobs/{started['id']}/result", headers=AUTH).status_code == 409
-    again = jobs_client.delete(f"/jobs/{started['id']}", headers=AUTH)
-    assert again.status_code == 409
-    assert "already cancelled" in again.text
     assert started["id"] in [job["id"] for job in jobs_client.get("/jobs", headers=AUTH).json()["jobs"]]
+    deleted = jobs_client.delete(f"/jobs/{started['id']}", headers=AUTH)  # a finished job: deleted
+    assert deleted.status_code == 200
+    assert deleted.json()["state"] == "cancelled"
+    assert jobs_client.get(f"/jobs/{started['id']}", headers=AUTH).status_code == 404
     assert hooks(jobs_client, "lenet") == 0
 
 

@@ -78,8 +78,8 @@ async def get_job(job_id: str, jobs: JobsDep) -> JobInfo:
 @router.delete(
     "/jobs/{job_id}",
     response_model=JobInfo,
-    summary="Cancel a queued or running job (admin)",
-    responses=error_responses(401, 403, 404, 409),
+    summary="Cancel a queued or running job, or delete a finished one with its files (admin)",
+    responses=error_responses(401, 403, 404),
 )
 async def cancel_job(job_id: str, jobs: JobsDep) -> JobInfo:
     return job_info(await jobs.cancel(job_id))
