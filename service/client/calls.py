@@ -349,6 +349,44 @@ def inspect_checkpoint(
     return Call("POST", "/checkpoints/inspect", lambda r: CheckpointInfo.from_json(r.json()), params=params, body=body)
 
 
+def job_body(
+    kind: str,
+    model: str,
+    dataset: str,
+    layers: Sequence[str],
+    *,
+    limit: int | None,
+    parameters: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """POST /jobs's body."""
+    body: dict[str, Any] = {"kind": kind, "model": model, "dataset": dataset, "layers": list(layers)}
+    if limit is not None:
+        body["limit"] = limit
+    if parameters:
+        body["parameters"] = dict(parameters)
+    return body
+
+
+def start_job(body: Mapping[str, Any]) -> Call[dict[str, Any]]:
+    return Call("POST", "/jobs", _json, body=lambda: Body(json=dict(body)), admin=True)
+
+
+def jobs() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/jobs", lambda r: list(r.json()["jobs"]), admin=True)
+
+
+def job(job_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", f"/jobs/{_name(job_id)}", _json, admin=True)
+
+
+def cancel_job(job_id: str) -> Call[dict[str, Any]]:
+    return Call("DELETE", f"/jobs/{_name(job_id)}", _json, admin=True)
+
+
+def job_result(job_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", f"/jobs/{_name(job_id)}/result", _json, admin=True)
+
+
 def raw(method: str, path: str, **params: Any) -> Call[Any]:
     """Any other endpoint, answered as parsed JSON (e.g. `/v2` metadata)."""
     return Call(method, path, _json, params=params or None)

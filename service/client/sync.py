@@ -110,6 +110,50 @@ class Client(ClientBase):
         """Unload a model (admin token) once its memory is released; its last INFO."""
         return self.send(calls.unload_model(name), timeout)
 
+    def start_job(
+        self,
+        kind: str,
+        model: str,
+        dataset: str,
+        layers: Sequence[str],
+        *,
+        limit: int | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> dict[str, Any]:
+        """Start a data-set job (admin token): `unit_stats` or `exemplars` of `layers` over `dataset`
+        (`digits`, or a folder under the server's data dir); the queued job, with its `id`."""
+        body = calls.job_body(kind, model, dataset, layers, limit=limit, parameters=parameters)
+        return self.send(calls.start_job(body), timeout)
+
+    def jobs(self, *, timeout: TimeoutArg = DEFAULT) -> list[dict[str, Any]]:
+        """Every data-set job on the server (admin token), oldest first."""
+        return self.send(calls.jobs(), timeout)
+
+    def job(self, job_id: str, *, timeout: TimeoutArg = DEFAULT) -> dict[str, Any]:
+        """A job's state, progress, rate, ETA and per-file errors (admin token)."""
+        return self.send(calls.job(job_id), timeout)
+
+    def cancel_job(self, job_id: str, *, timeout: TimeoutArg = DEFAULT) -> dict[str, Any]:
+        """Cancel a queued or running job, or delete a finished one with its files (admin token)."""
+        return self.send(calls.cancel_job(job_id), timeout)
+
+    def job_result(self, job_id: str, *, timeout: TimeoutArg = DEFAULT) -> dict[str, Any]:
+        """A succeeded job's result (admin token); `Conflict` while it runs or when it failed."""
+        return self.send(calls.job_result(job_id), timeout)
+
+    def wait_for_job(self, job_id: str, *, timeout: float = 3600.0, poll: float = 0.5) -> dict[str, Any]:
+        """Poll until the job ends (succeeded, failed or cancelled) and return its last state;
+        `TimeoutError` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if info["state"] not in ("queued", "running"):
+                return info
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {info['state']} after {timeout:g} s")
+            time.sleep(poll)
+
     def wait_for_model(self, name: str, *, timeout: float = 300.0, poll: float = 0.1) -> ModelInfo:
         """Poll until `name` is ready; `Conflict` when it failed, `TimeoutError` after `timeout` seconds."""
         deadline = time.monotonic() + timeout

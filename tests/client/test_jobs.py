@@ -1,0 +1,43 @@
+"""Data-set jobs from the clients: start, wait, read the result, cancel and delete, as the HTTP API answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import service.client as hs
+from service.client import AsyncClient, Client
+from tests.client.servers import TOKEN
+from tests.reliability.live_server import LiveServer
+
+
+def test_a_job_from_start_to_result(live: LiveServer) -> None:
+    with Client(live.base_url, token=TOKEN) as client:
+        started = client.start_job("exemplars", "lenet", "digits", ["fc3"], limit=40, parameters={"k": 2})
+        assert started["state"] in ("queued", "running")
+        ended = client.wait_for_job(started["id"], timeout=120, poll=0.05)
+        assert ended["state"] == "succeeded"
+        result = client.job_result(started["id"])
+        assert [len(unit) for unit in result["layers"]["fc3"]] == [2] * 10
+        assert started["id"] in [job["id"] for job in client.jobs()]
+        assert client.cancel_job(started["id"])["state"] == "succeeded"  # a finished job is deleted
+        with pytest.raises(hs.NotFound):
+            client.job(started["id"])
+
+
+def test_the_async_client_cancels_a_job(live: LiveServer) -> None:
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with AsyncClient(live.base_url, token=TOKEN) as client:
+            started = await client.start_job("unit_stats", "lenet", "digits", ["conv1"])
+            cancelled = await client.cancel_job(started["id"])
+            return cancelled, await client.wait_for_job(started["id"], timeout=30)
+
+    cancelled, ended = asyncio.run(go())
+    assert cancelled["state"] == ended["state"] == "cancelled"
+
+
+def test_jobs_need_the_token(live: LiveServer) -> None:
+    with Client(live.base_url) as anonymous, pytest.raises(hs.Unauthorized):
+        anonymous.jobs()
