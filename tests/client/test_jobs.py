@@ -35,7 +35,7 @@ def test_the_async_client_cancels_a_job(live: LiveServer) -> None:
             return cancelled, await client.wait_for_job(started["id"], timeout=30)
 
     cancelled, ended = asyncio.run(go())
-    assert cancelled["state"] == ended["state"] == "cancelled"
+    assert cancelled["state"] == ended["state"] == "cancelled", (cancelled, ended)
 
 
 def test_jobs_need_the_token(live: LiveServer) -> None:
