@@ -164,6 +164,8 @@ class JobManager:
         began, began_at, saved = time.monotonic(), done, time.monotonic()
         chunk = self.settings.job_chunk_size
         while done < row.total:
+            if row.id in self._cancelled:  # a cancellation the awaits below let pass (asyncio.wait_for on 3.11 can)
+                raise asyncio.CancelledError
             indices = list(range(done, min(done + chunk, row.total)))
             loaded: Loaded = await self.plane.off_loop(dataset.load, indices, model, self.settings.max_image_pixels)
             if loaded.inputs is not None:
