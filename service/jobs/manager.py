@@ -28,7 +28,7 @@ from service.errors import Conflict, HookserveError, NotFound, TooLarge, first_l
 from service.introspection.layers import resolve_layers
 from service.jobs.datasets import Dataset, Loaded, open_dataset
 from service.jobs.kinds import Reduction, job_bytes, reduction, unit_count
-from service.jobs.store import MAX_LISTED_ERRORS, JobRow, JobStore
+from service.jobs.store import DATABASE, MAX_LISTED_ERRORS, JobRow, JobStore
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.schemas.jobs import JobRequest
 from service.specs.vocab import JobKindName, JobState
@@ -45,15 +45,30 @@ class JobManager:
     def __init__(self, settings: Settings, plane: DataPlane) -> None:
         self.settings = settings
         self.plane = plane
-        self.store = JobStore(settings.jobs_dir or settings.model_dir / ".jobs")
+        self._root = settings.jobs_dir or settings.model_dir / ".jobs"
+        self._store: JobStore | None = None
         self._slots = asyncio.Semaphore(settings.max_running_jobs)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[str] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------------
+    @property
+    def store(self) -> JobStore:
+        """The store, created by the first job: a server that runs none writes nothing under the model dir."""
+        if self._store is None:
+            self._store = JobStore(self._root)
+        return self._store
+
+    def _existing(self) -> JobStore | None:
+        """The store if some job ever made one (opening an existing database creates nothing)."""
+        if self._store is None and (self._root / DATABASE).is_file():
+            self._store = JobStore(self._root)
+        return self._store
+
     def resume(self) -> None:
         """Start a task for every job the last server left queued or running."""
-        for row in self.store.all():
+        store = self._existing()
+        for row in store.all() if store is not None else []:
             if not row.finished_state:
                 self._launch(row)
 
@@ -63,7 +78,8 @@ class JobManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.store.close()
+        if self._store is not None:
+            self._store.close()
 
     # ---- the API -------------------------------------------------------------------------------
     async def submit(self, body: JobRequest) -> JobRow:
@@ -94,10 +110,12 @@ class JobManager:
         return row
 
     def all(self) -> list[JobRow]:
-        return self.store.all()
+        store = self._existing()
+        return store.all() if store is not None else []
 
     def get(self, job_id: str) -> JobRow:
-        row = self.store.get(job_id)
+        store = self._existing()
+        row = store.get(job_id) if store is not None else None
         if row is None:
             raise NotFound(f"no job {job_id!r}; GET /jobs lists them")
         return row

@@ -17,6 +17,7 @@ from typing import Any
 from service.specs.vocab import JobState
 
 MAX_LISTED_ERRORS = 100
+DATABASE = "jobs.sqlite"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -76,7 +77,7 @@ class JobStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(root / "jobs.sqlite", check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(root / DATABASE, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
         self._lock = threading.Lock()

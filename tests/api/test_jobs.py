@@ -195,6 +195,15 @@ def test_an_image_folder_gives_labels_and_files_and_lists_unreadable_ones(
         assert [s["label"] for s in found] == [0 if names[i].startswith("even") else 1 for i in order]
 
 
+def test_a_server_that_runs_no_job_writes_nothing(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        assert client.get("/jobs", headers=AUTH).json() == {"jobs": []}
+        assert client.get("/jobs/nope", headers=AUTH).status_code == 404
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_jobs_need_the_admin_token(jobs_client: TestClient) -> None:
     assert jobs_client.get("/jobs").status_code == 401
     assert jobs_client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
