@@ -23,6 +23,7 @@ from service.api.openapi import install_openapi
 from service.api.reservations import ReleaseWhenAnsweredMiddleware
 from service.api.routes import (
     activations,
+    attention,
     checkpoints,
     docs,
     gradients,
@@ -59,7 +60,15 @@ batching, per-layer activations from request-scoped hooks, gradients and salienc
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
-MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/interventions", "/interventions/sweep")
+MODEL_RUNNING_PATHS = (
+    "/predict",
+    "/activations",
+    "/attention",
+    "/gradients",
+    "/saliency",
+    "/interventions",
+    "/interventions/sweep",
+)
 
 
 def runs_a_model(path: str) -> bool:
@@ -77,6 +86,7 @@ ROUTERS = (
     models.router,
     predict.router,
     activations.router,
+    attention.router,  # /attention: a vision transformer's attention probabilities
     gradients.router,
     saliency.router,
     interventions.router,
@@ -111,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 fleet.add(spec)
         else:
             for spec in builtin_specs():
-                fleet.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
+                fleet.add(spec, root=ZOO_DIR if spec.weights is not None else None)  # shipped weights
         try:
             async with side_fronts(app, state):  # gRPC and TorchServe's management API, on their own ports
                 yield
