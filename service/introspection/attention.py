@@ -83,15 +83,21 @@ class AttentionModules:
 
     def require(self, model: str) -> None:
         """A 422 naming why, for a model without a readable attention module."""
+        why = self.refusal(model)
+        if why is not None:
+            raise InvalidField(why)
+
+    def refusal(self, model: str) -> str | None:
+        """Why attention maps of `model` cannot be read; None when they can."""
         if self.sites:
-            return
+            return None
         if not self.unsupported:
-            raise InvalidField(f"{model} has no attention modules: attention maps need a vision transformer")
+            return f"{model} has no attention modules: attention maps need a vision transformer"
         found = "; ".join(
             f"{u.kind} ({len(u.names)} module{'s' if len(u.names) > 1 else ''}, e.g. {u.names[0]!r}): {u.reason}"
             for u in self.unsupported
         )
-        raise InvalidField(
+        return (
             f"{model}'s attention does not expose probabilities. {found}. Attention maps are read from "
             f"{', '.join(sorted({c.rsplit('.', 1)[-1] + ' (' + f + ')' for c, f in SUPPORTED.items()}))}"
         )
