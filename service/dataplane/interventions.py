@@ -399,6 +399,8 @@ def _changes(clean: torch.Tensor, edited: torch.Tensor, targets: list[int], mode
 
 
 def _applied(op: EditOp, fired: Fired) -> dict[str, Any]:
+    """What fired where; `heads` and `tokens` only for edits that chose them."""
+    chosen = {"heads": op.heads, "tokens": op.tokens}
     return {
         "edit": op.index,
         "site": op.attention or op.site,
@@ -406,6 +408,4 @@ def _applied(op: EditOp, fired: Fired) -> dict[str, Any]:
         "op": op.op,
         "shape": fired.shape,
         "elements": fired.elements,
-        "heads": list(op.heads) if op.heads is not None else None,
-        "tokens": list(op.tokens) if op.tokens is not None else None,
-    }
+    } | {key: list(value) for key, value in chosen.items() if value is not None}

@@ -67,6 +67,5 @@ async def sweep(request: Request, plane: PlaneDep) -> Response:
         "clean_scores": result.clean,
         "over": found.over,
         "channels": effects if unit == "channel" else [],
-        "heads": effects if unit == "head" else None,
-    }
+    } | ({"heads": effects} if unit == "head" else {})
     return await json_response(answer, plane.settings)
