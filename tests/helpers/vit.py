@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from service.zoo.lenet import LENET_MEAN, LENET_STD
 from service.zoo.vit import DigitsViT, vit_weights_path
+from tests.conftest import DIGITS_PREPROCESS
 from tests.helpers.config import toml_value
 
 
@@ -29,14 +29,7 @@ source = "python"
 architecture = "service.zoo.vit:DigitsViT"
 weights = "vit_digits.safetensors"
 input_size = [3, 32, 32]
-{extra}[models.preprocess]
-resize = 32
-crop = 32
-interpolation = "bilinear"
-mean = {LENET_MEAN}
-std = {LENET_STD}
-grayscale = true
-"""
+{extra}{DIGITS_PREPROCESS}"""
 
 
 def shipped_vit() -> DigitsViT:
