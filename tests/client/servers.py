@@ -26,8 +26,11 @@ HELD_OUT = 360  # the last 360 digits (train_lenet.TRAIN_SIZE = 1437 of 1797)
 
 
 def serve_lenet(model_dir: Path, **env: str) -> LiveServer:
-    """An unstarted LiveServer over lenet, vit and slow; use it as a context manager."""
-    config = write_lenet(model_dir) + write_slow(model_dir) + write_vit(model_dir)
+    """An unstarted LiveServer over lenet, vit_digits (named as the built-in, so the README's lines run) and slow;
+    use it as a context manager."""
+    config = (
+        write_lenet(model_dir) + write_slow(model_dir) + write_vit(model_dir, "vit_digits", labels="digits_labels.txt")
+    )
     settings = {"HOOKSERVE_ADMIN_TOKEN": TOKEN, "HOOKSERVE_MAX_INPUTS": str(MAX_INPUTS), **env}
     return LiveServer(model_dir, config, env=settings)
 

@@ -26,7 +26,7 @@ def raw(live: LiveServer) -> Iterator[httpx.Client]:
 
 
 def raw_attention(raw: httpx.Client, **fields: object) -> dict[str, object]:
-    body = {"model": "vit", "inputs": [{"image": b64(DIGIT_7)}, {"image": b64(DIGIT_3)}], **fields}
+    body = {"model": "vit_digits", "inputs": [{"image": b64(DIGIT_7)}, {"image": b64(DIGIT_3)}], **fields}
     response = raw.post("/attention", json=body)
     assert response.status_code == 200, response.text
     answer: dict[str, object] = response.json()
@@ -38,7 +38,7 @@ def test_attention_equals_the_raw_answer_on_every_wire(live: LiveServer, raw: ht
     want = raw_attention(raw, blocks=["blocks.1", "blocks.3"], heads=[2, 0], queries=[0, 10])
     with Client(live.base_url, wire=wire) as client:
         blocks = ["blocks.1", "blocks.3"]
-        got = client.attention("vit", [DIGIT_7, DIGIT_3], blocks=blocks, heads=[2, 0], queries=[0, 10])
+        got = client.attention("vit_digits", [DIGIT_7, DIGIT_3], blocks=blocks, heads=[2, 0], queries=[0, 10])
     assert isinstance(got, AttentionMaps)
     assert got.tokens == TokenInfo(65, ["cls"], (8, 8), (4, 4))
     assert (got.heads, got.queries, got.query_names) == ([2, 0], [0, 10], ["cls", "r1c1"])
@@ -54,20 +54,22 @@ def test_attention_equals_the_raw_answer_on_every_wire(live: LiveServer, raw: ht
 
 def test_attention_image_tokens_rollout_and_head_sweeps(live: LiveServer) -> None:
     with Client(live.base_url) as client:
-        image = client.attention_image("vit", DIGIT_7, blocks=["blocks.0", "blocks.1"], heads=[0, 1, 2])
+        image = client.attention_image("vit_digits", DIGIT_7, blocks=["blocks.0", "blocks.1"], heads=[0, 1, 2])
         assert image.size == (3 * 128 + 4, 2 * 128 + 2)
-        acts = client.activations("vit", DIGIT_7, ["blocks.2"], tokens="patches", reduce="mean")
+        acts = client.activations("vit_digits", DIGIT_7, ["blocks.2"], tokens="patches", reduce="mean")
         assert acts.output("blocks.2").shape == (1, 64)
-        stats = client.activation_stats("vit", DIGIT_7, ["blocks.2"], tokens=[0])
+        stats = client.activation_stats("vit_digits", DIGIT_7, ["blocks.2"], tokens=[0])
         assert stats.stats["blocks.2"]["output"].shape == [1, 1, 64]
-        rollout = client.saliency("vit", DIGIT_7, method="attention_rollout", params={"head_fusion": "max"})
+        rollout = client.saliency("vit_digits", DIGIT_7, method="attention_rollout", params={"head_fusion": "max"})
         assert rollout.results[0].attribution.shape == (8, 8)
         assert rollout.results[0].tokens == TokenInfo(65, ["cls"], (8, 8), (4, 4))
-        sweep = client.sweep("vit", [DIGIT_7, DIGIT_3], "blocks.2.attn", over="heads", heads=(1, 3), target=[7, 3])
+        sweep = client.sweep(
+            "vit_digits", [DIGIT_7, DIGIT_3], "blocks.2.attn", over="heads", heads=(1, 3), target=[7, 3]
+        )
         assert sweep.over == "heads"
         assert sweep.channels == []
         assert sorted(h.head for h in sweep.heads or []) == [1, 2]
-        edited = client.interventions("vit", DIGIT_7, [{"site": "blocks.2.attn", "op": "zero", "heads": [1]}])
+        edited = client.interventions("vit_digits", DIGIT_7, [{"site": "blocks.2.attn", "op": "zero", "heads": [1]}])
         assert edited.applied[0]["heads"] == [1]
 
 
@@ -75,12 +77,13 @@ def test_the_async_client_answers_alike(live: LiveServer) -> None:
     async def both() -> tuple[AttentionMaps[np.ndarray], AttentionMaps[np.ndarray]]:
         async with AsyncClient(live.base_url) as client:
             return await asyncio.gather(
-                client.attention("vit", DIGIT_7, queries="all"), client.attention("vit", DIGIT_7, queries="all")
+                client.attention("vit_digits", DIGIT_7, queries="all"),
+                client.attention("vit_digits", DIGIT_7, queries="all"),
             )
 
     first, second = asyncio.run(both())
     with Client(live.base_url) as client:
-        sync = client.attention("vit", DIGIT_7, queries="all")
+        sync = client.attention("vit_digits", DIGIT_7, queries="all")
     for key in sync.maps:
         np.testing.assert_array_equal(first[key], sync[key])
         np.testing.assert_array_equal(second[key], sync[key])
