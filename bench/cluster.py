@@ -147,7 +147,7 @@ class ClusterServer:
         self.ray_dir = ray_dir
         cmd = [sys.executable, "-m", "service.cluster", "--config", str(toml), "--model-dir", str(self.workdir)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--replicas", str(REPLICAS), "--num-cpus", "1"]
-        cmd += ["--ray-cpus", str(CORES), "--temp-dir", str(ray_dir)]
+        cmd += ["--ray-cpus", str(CORES), "--temp-dir", str(ray_dir), "--grpc-port", "off"]  # measured over HTTP
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKSERVE_")}
         env.update({"HOOKSERVE_LOG_LEVEL": "warning", **BATCHING, **RAY_ENV})
         started = time.monotonic()
