@@ -83,5 +83,8 @@ def serve_front(app: ASGIApp, notice: ShutdownNotice, *, host: str, port: int, g
         timeout_graceful_shutdown=math.ceil(grace_s) + CUT_MARGIN_S,
     )
     server = GracefulServer(config, notice, grace_s)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind its port or the app's startup fails
+        return False
     return bool(server.started)

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from starlette.types import Message
 
 from service.api.shutdown import ShutdownNotice
-from service.cluster.front import RequestIdMiddleware, front_app
+from service.cluster.front import RequestIdMiddleware, front_app, serve_front
 from service.cluster.messages import ForwardRequest, ForwardResponse
 from service.cluster.router import Group, RouterApp, RouterSettings
 
@@ -114,3 +114,23 @@ def test_a_request_still_running_when_the_grace_period_ends_gets_the_json_503(pa
     assert headers["x-content-type-options"] == "nosniff"
     assert len([k for k, _ in start["headers"] if k.lower() == b"x-request-id"]) == 1
     assert "shutting down" in orjson.loads(body["body"])[envelope]
+
+
+def test_a_front_whose_startup_fails_says_so() -> None:
+    """The gRPC port taken (its start raises): the front does not serve, and the command learns it to exit 1."""
+
+    async def taken() -> None:
+        raise OSError("cannot listen for gRPC on 127.0.0.1:1")
+
+    started: list[bool] = []
+
+    async def fine() -> None:
+        started.append(True)
+
+    router = RouterApp([Group("models", ())], Replica().send, SETTINGS, on_startup=taken)
+    notice = ShutdownNotice()
+    assert (
+        serve_front(front_app(router, notice), notice, host="127.0.0.1", port=0, grace_s=1, log_level="error") is False
+    )
+    with TestClient(front_app(RouterApp([Group("models", ())], Replica().send, SETTINGS, on_startup=fine), notice)):
+        assert started == [True]
