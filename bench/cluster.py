@@ -72,29 +72,13 @@ def models_toml(workdir: Path) -> str:
 
 ONE_PROCESS_TEXT = f"python -m service, resnet18 and lenet, Settings defaults ({CORES} executor threads, {CORES} cores)"
 REPLICAS = 2
+# both sides measured over HTTP alone: no gRPC or TorchServe management port (their fixed defaults may be taken)
+HTTP_ONLY = {"HOOKSERVE_GRPC_PORT": "off", "HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT": "off"}
 RAY_LABEL = f"python -m service.cluster, {REPLICAS} replicas x 1 CPU (1 torch thread each) behind its front"
 
 
-def tree_pss_mb(pid: int) -> float:
-    """Proportional set size of a process and all its descendants (Ray's GCS, raylet, proxy, replicas), MB."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return float("nan")
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total / 1e6
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and all its descendants, those they have reaped included."""
+def _tree_sum(pid: int, measure: Callable[[Any], float]) -> float:
+    """`measure` summed over a process and all its descendants (those gone meanwhile left out); NaN if it is gone."""
     import psutil
 
     try:
@@ -105,11 +89,25 @@ def tree_cpu_seconds(pid: int) -> float:
     total = 0.0
     for proc in procs:
         try:
-            t = proc.cpu_times()
+            total += measure(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process and all its descendants (Ray's GCS, raylet, proxy, replicas), MB."""
+    return _tree_sum(pid, lambda proc: float(proc.memory_full_info().pss)) / 1e6
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its descendants, those they have reaped included."""
+
+    def cpu(proc: Any) -> float:
+        t = proc.cpu_times()
+        return float(t.user + t.system + t.children_user + t.children_system)
+
+    return _tree_sum(pid, cpu)
 
 
 def have_ray() -> bool:
@@ -147,9 +145,9 @@ class ClusterServer:
         self.ray_dir = ray_dir
         cmd = [sys.executable, "-m", "service.cluster", "--config", str(toml), "--model-dir", str(self.workdir)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--replicas", str(REPLICAS), "--num-cpus", "1"]
-        cmd += ["--ray-cpus", str(CORES), "--temp-dir", str(ray_dir), "--grpc-port", "off"]  # measured over HTTP
+        cmd += ["--ray-cpus", str(CORES), "--temp-dir", str(ray_dir)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKSERVE_")}
-        env.update({"HOOKSERVE_LOG_LEVEL": "warning", **BATCHING, **RAY_ENV})
+        env.update({"HOOKSERVE_LOG_LEVEL": "warning", **BATCHING, **RAY_ENV, **HTTP_ONLY})
         started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -263,6 +261,8 @@ def breakdown(workdir: Path, address: str, app: str, payload: Any, n: int = BREA
             cpu_threads=1,
             torch_threads=1,
             decode_threads=1,
+            grpc_port=None,  # the app alone, as in a replica: no side fronts on their fixed ports
+            torchserve_management_port=None,
         )
         host = AppHost(create_app(settings))
         await host.start()
@@ -325,7 +325,10 @@ def run(
             points.append({"server": server, "kind": kind.value, "concurrency": clients, "result": result.to_dict()})
 
     one_process = ServerConfig(
-        "one-process", ONE_PROCESS_TEXT, {"HOOKSERVE_DECODE_THREADS": str(CORES), **BATCHING}, models_toml(workdir)
+        "one-process",
+        ONE_PROCESS_TEXT,
+        {"HOOKSERVE_DECODE_THREADS": str(CORES), **BATCHING, **HTTP_ONLY},
+        models_toml(workdir),
     )
     log(f"starting hookserve ({ONE_PROCESS_TEXT})")
     started = time.monotonic()
