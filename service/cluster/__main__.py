@@ -158,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups = router_groups(plan)
         grpc_front = None
         if settings.grpc_port is not None:
-            grpc_front = GrpcFront(FrontServicer(groups, handles), settings, settings.grpc_port)
+            servicer = FrontServicer(groups, sender.call, plan.cluster.retries)
+            grpc_front = GrpcFront(servicer, settings, settings.grpc_port)
 
         async def on_startup() -> None:
             if grpc_front is not None:

@@ -249,18 +249,25 @@ class HandleSender:
     def __init__(self, handles: Mapping[str, DeploymentHandle], watch: ReplicaWatch) -> None:
         self.handles = dict(handles)
         self.watch = watch
-        self._forward: dict[str, DeploymentHandle] = {}
+        self._methods: dict[tuple[str, str], DeploymentHandle] = {}
 
-    def _handle(self, group: str) -> DeploymentHandle:
-        handle = self._forward.get(group)
+    def _handle(self, group: str, method: str) -> DeploymentHandle:
+        handle = self._methods.get((group, method))
         if handle is None:
-            handle = self._forward[group] = self.handles[group].options(method_name="forward", _by_reference=False)
+            handle = self.handles[group].options(method_name=method, _by_reference=False)
+            self._methods[(group, method)] = handle
         return handle
 
     async def __call__(self, group: str, request: ForwardRequest) -> ForwardResponse:
+        answer: ForwardResponse = await self.call(group, "forward", request)
+        return answer
+
+    async def call(self, group: str, method: str, *args: Any) -> Any:
+        """A replica's `method(*args)`; ReplicaLost when the replica died under it, GroupUnavailable when none can
+        take it within the watch's bound."""
         await self.watch.until_up(group)
-        response = self._handle(group).remote(request)
-        answering: asyncio.Future[ForwardResponse] = asyncio.ensure_future(_answer(response))
+        response = self._handle(group, method).remote(*args)
+        answering: asyncio.Future[Any] = asyncio.ensure_future(_answer(response))
         outage = self.watch.outage(group)
         try:
             await asyncio.wait((answering, outage), return_when=asyncio.FIRST_COMPLETED)
@@ -288,12 +295,11 @@ class HandleSender:
         await asyncio.gather(*(h.shutdown_async() for h in used), return_exceptions=True)
 
 
-async def _answer(response: DeploymentResponse[Any]) -> ForwardResponse:
-    answer: ForwardResponse = await response
-    return answer
+async def _answer(response: DeploymentResponse[Any]) -> Any:
+    return await response
 
 
-def _drop(answering: asyncio.Future[ForwardResponse], response: DeploymentResponse[Any]) -> None:
+def _drop(answering: asyncio.Future[Any], response: DeploymentResponse[Any]) -> None:
     """Give up a call: its task, then Serve's request (the replica cancels its work); the outcome is not wanted."""
     answering.cancel()
     response.cancel()
