@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.attention_report import section as attention_section
 from bench.features_report import section as features_section
 from bench.loadgen import format_roles
 from bench.machine import NOISY_CORES
@@ -552,6 +553,7 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         "several threads uses: at 1 client most of a /predict's CPU shows there).",
     ]
     parts += features_section(results)
+    parts += attention_section(results)
     notes = results.get("notes")
     if notes:
         parts += ["", "## Notes", "", str(notes).strip()]

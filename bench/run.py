@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from bench import attention, cluster, features, gpu, paired, prediction_paths, raw_torch
 from bench import baseline as main_before
-from bench import cluster, features, gpu, paired, prediction_paths, raw_torch
 from bench.configs import BASELINE_POINTS, DEFAULT, SETUPS, TORCH_PATH, Mix, Setup
 from bench.loadgen import CLIENTS, Client, LoadResult, MixResult, format_mix, format_result, measure, measure_mix
 from bench.machine import NOISY_CORES, machine_info, package_versions, wait_idle
@@ -299,6 +299,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gpu", action="store_true", help="resnet50 bfloat16 on CUDA at 64 clients (RESULTS_GPU.md)")
     ap.add_argument("--skip-cluster", action="store_true", help="no Ray Serve row (bench/cluster.py)")
     ap.add_argument(
+        "--skip-attention", action="store_true", help="no vit_tiny /attention beside /predict (bench/attention.py)"
+    )
+    ap.add_argument(
         "--introspection-duration",
         type=float,
         default=10.0,
@@ -428,6 +431,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Path(tmp),
                 log,
                 rounds=args.paired_rounds + 1,
+                window_s=args.paired_window,
+                idle_wait_s=plan.idle_wait_s,
+            )
+        if DEFAULT in setups and args.paired_rounds > 0 and not args.skip_attention:
+            log(f"vit_tiny /attention of one block beside /predict in {args.paired_rounds} ABBA rounds")
+            results["attention"] = attention.measure_attention(
+                inputs,
+                Path(tmp) / "attention",
+                log,
+                rounds=args.paired_rounds,
                 window_s=args.paired_window,
                 idle_wait_s=plan.idle_wait_s,
             )

@@ -35,6 +35,8 @@ class Kind(StrEnum):
     ACTIVATIONS_ALLCONV_ST_JPEG = "activations-allconv-st-jpeg"
     GRADIENTS_L4_JPEG = "gradients-layer4-jpeg"
     SALIENCY_GRADCAM_JPEG = "saliency-gradcam-jpeg"
+    VIT_PREDICT_JPEG = "vit-predict-jpeg"
+    VIT_ATTENTION_JPEG = "vit-attention-1block-jpeg"
 
 
 LABELS: dict[Kind, str] = {
@@ -51,6 +53,8 @@ LABELS: dict[Kind, str] = {
     Kind.ACTIVATIONS_ALLCONV_ST_JPEG: "resnet18 /activations, every Conv2d output, safetensors (JPEG multipart upload)",
     Kind.GRADIENTS_L4_JPEG: f"resnet18 /gradients, {LAST_STAGE}, top-1, include_input=false, JSON (JPEG upload)",
     Kind.SALIENCY_GRADCAM_JPEG: "resnet18 /saliency gradcam, JSON (JPEG multipart upload)",
+    Kind.VIT_PREDICT_JPEG: "vit_tiny /predict, JPEG multipart upload",
+    Kind.VIT_ATTENTION_JPEG: "vit_tiny /attention of blocks.11 (the class token's row, every head), JSON (JPEG upload)",
 }
 PREDICT_KINDS = (Kind.PREDICT_JPEG_MULTIPART, Kind.PREDICT_JPEG_B64, Kind.PREDICT_TENSOR)
 INTROSPECTION_KINDS = (

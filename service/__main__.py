@@ -7,13 +7,11 @@ from service import openmp_env
 openmp_env.apply()  # before anything imports torch (and with it libgomp)
 
 import argparse
-import asyncio
 import atexit
 import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -26,7 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.api.observability import configure_logging
-from service.api.shutdown import ShutdownNotice
+from service.api.shutdown import GracefulServer
 from service.config import Settings
 from service.config_check import settings_or_exit
 from service.main import create_app
@@ -50,29 +48,6 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     """uvicorn re-raises SIGTERM once it has drained (it restores this handler first): exit 0, not -15."""
     raise SystemExit(0)
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server; when `grace_s` has passed since shutdown began, what is still running is answered 503."""
-
-    def __init__(self, config: uvicorn.Config, notice: ShutdownNotice, grace_s: float) -> None:
-        super().__init__(config)
-        self.notice = notice
-        self.grace_s = grace_s
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        timer = asyncio.get_running_loop().call_later(self.grace_s, self._cut)
-        try:
-            await super().shutdown(sockets)
-        finally:
-            timer.cancel()
-
-    def _cut(self) -> None:
-        cut = self.notice.cut()
-        if cut:
-            log.warning(
-                "shutdown grace period (%g s) over: answered %d request(s) still running with 503", self.grace_s, cut
-            )
 
 
 def exit_past_stragglers(existing: set[threading.Thread], code: int = 0, settle_s: float = SETTLE_S) -> None:

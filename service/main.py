@@ -23,6 +23,7 @@ from service.api.openapi import install_openapi
 from service.api.reservations import ReleaseWhenAnsweredMiddleware
 from service.api.routes import (
     activations,
+    attention,
     checkpoints,
     docs,
     gradients,
@@ -61,7 +62,15 @@ batching, per-layer activations from request-scoped hooks, gradients and salienc
 """
 
 UPLOAD_PATHS = ("/checkpoints/inspect",)
-MODEL_RUNNING_PATHS = ("/predict", "/activations", "/gradients", "/saliency", "/interventions", "/interventions/sweep")
+MODEL_RUNNING_PATHS = (
+    "/predict",
+    "/activations",
+    "/attention",
+    "/gradients",
+    "/saliency",
+    "/interventions",
+    "/interventions/sweep",
+)
 
 
 def runs_a_model(path: str) -> bool:
@@ -79,6 +88,7 @@ ROUTERS = (
     models.router,
     predict.router,
     activations.router,
+    attention.router,  # /attention: a vision transformer's attention probabilities
     gradients.router,
     saliency.router,
     interventions.router,
@@ -116,7 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 fleet.add(spec)
         else:
             for spec in builtin_specs():
-                fleet.add(spec, root=ZOO_DIR if spec.name == "lenet" else None)
+                fleet.add(spec, root=ZOO_DIR if spec.weights is not None else None)  # shipped weights
         jobs_manager.resume()  # jobs the last server left running go on from their checkpoints
         try:
             async with side_fronts(app, state):  # gRPC and TorchServe's management API, on their own ports

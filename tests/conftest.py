@@ -116,7 +116,10 @@ weights = "lenet_digits.pt"
 labels = "{labels}"
 input_size = [3, 32, 32]
 max_batch_delay_ms = 1.0
-[models.preprocess]
+{DIGITS_PREPROCESS}"""
+
+
+DIGITS_PREPROCESS = f"""[models.preprocess]
 resize = 32
 crop = 32
 interpolation = "bilinear"
@@ -124,6 +127,7 @@ mean = {LENET_MEAN}
 std = {LENET_STD}
 grayscale = true
 """
+"""The zoo's digits preprocessing as a user's config spells it (the LeNet and the ViT share it)."""
 
 
 HOOK_DICTS = (

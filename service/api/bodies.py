@@ -37,10 +37,21 @@ BodyClass = type[M] | Callable[[Mapping[str, Any]], type[M]]
 """A request model, or a function choosing one from the body's fields (a union discriminated by a field)."""
 
 
+def is_multipart(content_type: str | bytes | None) -> bool:
+    """Whether a body with this Content-Type is read as a multipart form; every other body is read as JSON,
+    whatever its type says (`text/plain`, `application/octet-stream` or none, as curl and scripts send).
+
+    The one test of the app's routes and of the cluster's router, so both read a body the same way.
+    """
+    if not content_type:
+        return False
+    text = content_type.decode("latin-1") if isinstance(content_type, bytes) else content_type
+    return text.lstrip().lower().startswith("multipart/form-data")
+
+
 async def parse_body(request: Request, model_cls: BodyClass[M], settings: Settings) -> Parsed[M]:
     """The validated body of a JSON or multipart request; multipart image files are kept as bytes."""
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
+    if is_multipart(request.headers.get("content-type")):
         return await _parse_multipart(request, model_cls, settings)
     data = await read_json(request)
     body = validate(_chosen(model_cls, data), data)

@@ -14,6 +14,7 @@ from service.config import Settings
 from service.dtypes import dtype_name
 from service.introspection.capture import Captured, captured_outputs, captured_tensors
 from service.introspection.tensor_stats import captured_stats
+from service.introspection.tokens import TokenLayout
 from service.specs.vocab import ActivationFormat
 
 
@@ -25,12 +26,14 @@ async def captures_answer(
     *,
     filename: str,
     picture: tuple[str | None, int] = (None, 64),
+    tokens: TokenLayout | None = None,
 ) -> Response:
     """`head` plus `activations` as JSON tensors, their stats, a binary file (tensors named `<key>:<side>`, the
-    rest of the answer as metadata) or a PNG grid of one captured layer (`picture`: its name and channels)."""
+    rest of the answer as metadata) or a PNG grid of one captured layer (`picture`: its name and channels; a vision
+    transformer's patch tokens drawn on their grid, per channel, when `tokens` gives the inputs' layout)."""
     if fmt is ActivationFormat.png:
         layer, channels = picture
-        png = await run_in_threadpool(activation_grid_png, captured_outputs(captured), layer, channels)
+        png = await run_in_threadpool(activation_grid_png, captured_outputs(captured), layer, channels, tokens)
         return png_response(png, filename)
     if fmt is ActivationFormat.stats:
         return await json_response(head | {"activations": await run_in_threadpool(captured_stats, captured)}, settings)

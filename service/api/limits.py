@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.asgi_errors import Envelopes, error_body, send_error
+from service.api.bodies import is_multipart
 
 
 class _BodyTooLarge(Exception):
@@ -36,9 +37,7 @@ class BodyLimitMiddleware:
         path: str = scope.get("path", "")
         headers = dict(scope.get("headers", []))
         # Only a multipart file upload streams to disk; any other body is read into memory.
-        is_upload = path.startswith(self.upload_paths) and headers.get(b"content-type", b"").lower().startswith(
-            b"multipart/form-data"
-        )
+        is_upload = path.startswith(self.upload_paths) and is_multipart(headers.get(b"content-type"))
         limit, name = (self.upload_limit, "max_upload_bytes") if is_upload else (self.limit, "max_body_bytes")
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:

@@ -10,7 +10,6 @@ import logging
 import re
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -22,11 +21,11 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.metrics import Metrics, metrics_of
+from service.api.request_ids import REQUEST_ID_HEADER
+from service.api.request_ids import request_id as request_id_of
 from service.config import Settings
 
-REQUEST_ID_HEADER = "X-Request-ID"
 UNMATCHED_ROUTE = "<unmatched>"
-_VALID_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _request_id: ContextVar[str | None] = ContextVar("hookserve_request_id", default=None)
 access_log = logging.getLogger("hookserve.access")
 
@@ -52,7 +51,7 @@ class ObservabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _incoming_id(scope) or uuid.uuid4().hex
+        request_id = request_id_of(scope.get("headers", []))
         scope.setdefault("state", {})["request_id"] = request_id
         token = _request_id.set(request_id)
         status = 500  # what the client gets if the app raises before answering
@@ -97,14 +96,6 @@ def _level(status: int) -> int:
     if status in (503, 504):
         return logging.WARNING
     return logging.ERROR if status >= 500 else logging.INFO
-
-
-def _incoming_id(scope: Scope) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key == b"x-request-id":
-            text = value.decode("latin-1")
-            return text if _VALID_ID.fullmatch(text) else None
-    return None
 
 
 def _route_template(scope: Scope) -> str:

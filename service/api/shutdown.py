@@ -9,12 +9,16 @@ error envelope of its path, so a client can tell "come back later" from a server
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 
+import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.asgi_errors import Envelopes, error_body, send_error
 
 RETRY_AFTER_S = 5
+log = logging.getLogger("hookserve")
 CUT_DETAIL = "the server is shutting down and this request did not finish within its grace period; retry shortly"
 
 
@@ -73,3 +77,26 @@ class AnswerWhenCutMiddleware:
             await send_error(send, 503, body, headers)
         finally:
             self.notice.leave(task)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server; when `grace_s` has passed since shutdown began, what is still running is answered 503."""
+
+    def __init__(self, config: uvicorn.Config, notice: ShutdownNotice, grace_s: float) -> None:
+        super().__init__(config)
+        self.notice = notice
+        self.grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.grace_s, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        cut = self.notice.cut()
+        if cut:
+            log.warning(
+                "shutdown grace period (%g s) over: answered %d request(s) still running with 503", self.grace_s, cut
+            )

@@ -3,6 +3,7 @@
     hookserve serve --config models.toml          # the server: exactly `python -m service`
     hookserve check --config models.toml          # validate the config, load nothing (exit 2 on problems)
     hookserve predict lenet digit.png             # a table for a person; --json for scripts
+    hookserve attention vit_digits digit.png      # where each head of a vision transformer looks
     hookserve features lenet digits/ -l fc1 -o features/
 
 `hookserve` with only server flags (or none) serves, as it always has.
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from service import __version__
-from service.cli import check, features, remote
+from service.cli import attention, check, features, remote
 from service.client.errors import HookserveError, TransportError, detail_text
 
 HELP = ("-h", "--help", "--version")
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_parser(commands)
     remote.add_parsers(commands)
+    attention.add_parser(commands)
     features.add_parser(commands)
     return parser
 

@@ -75,6 +75,16 @@ def param_item(item: str) -> tuple[str, Any]:
         return key.strip(), text
 
 
+def token_choice(text: str) -> list[int] | str:
+    """`0,3` -> [0, 3]; the words `patches`, `prefix` and `all` stay words."""
+    if text in ("all", "patches", "prefix"):
+        return text
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes token indices (0,3), patches or prefix; got {text!r}") from None
+
+
 def write_arrays(path: Path, tensors: dict[str, Array], response: dict[str, Any]) -> None:
     """Tensors to `.safetensors` or `.npz`, with the rest of the answer as the server writes it (API.md)."""
     text = json.dumps(response)
@@ -145,12 +155,16 @@ def cmd_activations(args: argparse.Namespace) -> int:
             client.activations_image(args.model, Path(args.inputs[0]), layers[0], channels=args.channels).save(out)
             return _wrote(args, out, {})
         if out is not None:
-            acts = client.activations(args.model, inputs, layers, capture=args.capture, reduce=args.reduce)
+            acts = client.activations(
+                args.model, inputs, layers, capture=args.capture, reduce=args.reduce, tokens=args.tokens
+            )
             shapes = {k: {"shape": list(a.shape), "dtype": str(a.dtype)} for k, a in acts.flat().items()}
             response = {"model": acts.model, "predictions": acts.predictions, "activations": shapes}
             write_arrays(out, acts.flat(), jsonable(response))
             return _wrote(args, out, shapes)
-        stats = client.activation_stats(args.model, inputs, layers, capture=args.capture, reduce=args.reduce)
+        stats = client.activation_stats(
+            args.model, inputs, layers, capture=args.capture, reduce=args.reduce, tokens=args.tokens
+        )
     if args.json:
         print_json(stats)
         return 0
@@ -327,6 +341,11 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--reduce", choices=["mean", "max", "flatten"], default=None)
     p.add_argument("-o", "--output", type=Path, help="write .safetensors or .npz (every tensor) or .png (a grid)")
     p.add_argument("--channels", type=int, default=64, help=".png: at most this many channels")
+    p.add_argument(
+        "--tokens",
+        type=token_choice,
+        help="a vision transformer's tokens to keep: indices (0,3), patches or prefix",
+    )
 
     p = command("saliency", cmd_saliency, "attribution maps (Captum): a table, or -o to .png or arrays")
     p.add_argument("model")

@@ -46,10 +46,12 @@ from service.client.metadata import (
 from service.client.results import (
     Activations,
     ActivationStats,
+    AttentionMaps,
     Change,
     ChannelEffect,
     ClassScore,
     Gradients,
+    HeadEffect,
     Intervention,
     Prediction,
     Predictions,
@@ -57,6 +59,7 @@ from service.client.results import (
     SaliencyMap,
     Sweep,
     TensorStats,
+    TokenInfo,
 )
 from service.client.retry import NO_RETRY, Retry
 from service.client.sync import Client
@@ -67,6 +70,7 @@ __all__ = [
     "ActivationStats",
     "Activations",
     "AsyncClient",
+    "AttentionMaps",
     "BadRequest",
     "Change",
     "ChannelEffect",
@@ -77,6 +81,7 @@ __all__ = [
     "DeadlineExceeded",
     "Forbidden",
     "Gradients",
+    "HeadEffect",
     "Health",
     "HookserveError",
     "Intervention",
@@ -99,6 +104,7 @@ __all__ = [
     "SummaryRow",
     "Sweep",
     "TensorStats",
+    "TokenInfo",
     "TooLarge",
     "TransportError",
     "Unauthorized",

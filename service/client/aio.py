@@ -31,6 +31,7 @@ from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, Op
 from service.client.results import (
     Activations,
     ActivationStats,
+    AttentionMaps,
     Gradients,
     Intervention,
     Predictions,
@@ -199,10 +200,13 @@ class AsyncClient(ClientBase):
         *,
         capture: str = "output",
         reduce: str | None = None,
+        tokens: calls.Tokens = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> Activations[Array]:
-        """What named layers (module paths or fnmatch patterns) received and returned; `reduce`: mean|max|flatten."""
-        call = calls.activations(model, inputs, self.wire, layers=layers, capture=capture, reduce=reduce)
+        """What named layers (module paths or fnmatch patterns) received and returned; `reduce`: mean|max|flatten
+        (over the tokens of a vision transformer's `[N, T, D]`); `tokens` keeps some of those: indices, "patches"
+        or "prefix"."""
+        call = calls.activations(model, inputs, self.wire, layers=layers, capture=capture, reduce=reduce, tokens=tokens)
         return await self.send(call, timeout)
 
     async def activation_stats(
@@ -213,10 +217,13 @@ class AsyncClient(ClientBase):
         *,
         capture: str = "output",
         reduce: str | None = None,
+        tokens: calls.Tokens = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> ActivationStats:
         """Shape, min, max, mean, std and zero fraction of each captured tensor, instead of the tensor."""
-        call = calls.activation_stats(model, inputs, self.wire, layers=layers, capture=capture, reduce=reduce)
+        call = calls.activation_stats(
+            model, inputs, self.wire, layers=layers, capture=capture, reduce=reduce, tokens=tokens
+        )
         return await self.send(call, timeout)
 
     async def activations_image(
@@ -268,11 +275,25 @@ class AsyncClient(ClientBase):
         op: str = "zero",
         channels: tuple[int, int] | None = None,
         target: Target = None,
+        over: str = "channels",
+        heads: tuple[int, int] | None = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> Sweep:
         """Ablate each channel of `site` (`op` zero or mean; `channels` a [start, stop) range) in turn and rank
-        the channels by the change of the target score, most needed first."""
-        request = calls.sweep(model, inputs, self.wire, site=site, call=call, op=op, channels=channels, target=target)
+        the channels by the change of the target score, most needed first. `over="heads"`: the heads of the
+        attention module `site` (`heads` a [start, stop) range) instead."""
+        request = calls.sweep(
+            model,
+            inputs,
+            self.wire,
+            site=site,
+            call=call,
+            op=op,
+            channels=channels,
+            target=target,
+            over=over,
+            heads=heads,
+        )
         return await self.send(request, timeout)
 
     async def saliency(
@@ -331,6 +352,36 @@ class AsyncClient(ClientBase):
             params=calls.method_params(layer=layer, steps=steps, samples=samples, noise=noise, seed=seed, extra=params),
             alpha=alpha,
         )
+        return await self.send(call, timeout)
+
+    async def attention(
+        self,
+        model: str,
+        inputs: Inputs,
+        *,
+        blocks: Sequence[str] = (),
+        heads: Sequence[int] | None = None,
+        queries: calls.Tokens = None,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> AttentionMaps[Array]:
+        """A vision transformer's attention probabilities `[N, heads, queries, T]` per attention module: `blocks`
+        (module paths or patterns; default every one), `heads` (default all), `queries` (token indices, "all",
+        "patches" or "prefix"; default the class token's row)."""
+        call = calls.attention(model, inputs, self.wire, blocks=blocks, heads=heads, queries=queries)
+        return await self.send(call, timeout)
+
+    async def attention_image(
+        self,
+        model: str,
+        image: ImageInput,
+        *,
+        blocks: Sequence[str] = (),
+        heads: Sequence[int] | None = None,
+        alpha: float = 0.5,
+        timeout: TimeoutArg = DEFAULT,
+    ) -> Image.Image:
+        """The class token's attention over the image: a row per block, a column per head, as a PIL image."""
+        call = calls.attention_image(model, image, self.wire, blocks=blocks, heads=heads, alpha=alpha)
         return await self.send(call, timeout)
 
     # ---- read-only introspection ----

@@ -22,6 +22,7 @@ from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, Op
 from service.client.results import (
     Activations,
     ActivationStats,
+    AttentionMaps,
     Gradients,
     Intervention,
     Predictions,
@@ -133,10 +134,30 @@ def predict(model: str, inputs: Inputs, wire: Wire, *, top_k: int, include_logit
     )
 
 
+Tokens = Sequence[int] | str | None  # a vision transformer's tokens: indices, "patches" or "prefix"
+
+
+def _tokens(tokens: Tokens) -> Any:
+    return tokens if tokens is None or isinstance(tokens, str) else list(tokens)
+
+
 def activations(
-    model: str, inputs: Inputs, wire: Wire, *, layers: Sequence[str], capture: str, reduce: str | None
+    model: str,
+    inputs: Inputs,
+    wire: Wire,
+    *,
+    layers: Sequence[str],
+    capture: str,
+    reduce: str | None,
+    tokens: Tokens = None,
 ) -> Call[Activations[Array]]:
-    fields = {"layers": list(layers), "capture": capture, "reduce": reduce, "format": wire.value}
+    fields = {
+        "layers": list(layers),
+        "capture": capture,
+        "reduce": reduce,
+        "tokens": _tokens(tokens),
+        "format": wire.value,
+    }
 
     def parse(r: httpx.Response) -> Activations[Array]:
         if _is_binary(r):
@@ -153,9 +174,22 @@ def activations(
 
 
 def activation_stats(
-    model: str, inputs: Inputs, wire: Wire, *, layers: Sequence[str], capture: str, reduce: str | None
+    model: str,
+    inputs: Inputs,
+    wire: Wire,
+    *,
+    layers: Sequence[str],
+    capture: str,
+    reduce: str | None,
+    tokens: Tokens = None,
 ) -> Call[ActivationStats]:
-    fields = {"layers": list(layers), "capture": capture, "reduce": reduce, "format": "stats"}
+    fields = {
+        "layers": list(layers),
+        "capture": capture,
+        "reduce": reduce,
+        "tokens": _tokens(tokens),
+        "format": "stats",
+    }
     return Call(
         "POST",
         "/activations",
@@ -274,16 +308,59 @@ def sweep(
     op: str,
     channels: tuple[int, int] | None,
     target: Target,
+    over: str = "channels",
+    heads: tuple[int, int] | None = None,
 ) -> Call[Sweep]:
-    fields: dict[str, Any] = {"site": site, "call": call, "op": op, "target": _targets(target)}
+    fields: dict[str, Any] = {"site": site, "call": call, "op": op, "target": _targets(target), "over": over}
     if channels is not None:
         fields["channels"] = list(channels)
+    if heads is not None:
+        fields["heads"] = list(heads)
     return Call(
         "POST",
         "/interventions/sweep",
         lambda r: Sweep.from_json(r.json()),
         body=lambda: build_body(model, inputs, fields, binary=_binary(wire)),
     )
+
+
+def attention(
+    model: str,
+    inputs: Inputs,
+    wire: Wire,
+    *,
+    blocks: Sequence[str],
+    heads: Sequence[int] | None,
+    queries: Tokens,
+) -> Call[AttentionMaps[Array]]:
+    """`queries`: token indices, "all", "patches" or "prefix"; None is the class token's row."""
+    fields = {
+        "blocks": list(blocks) or None,
+        "heads": list(heads) if heads is not None else None,
+        "queries": _tokens(queries),
+        "format": wire.value,
+    }
+
+    def parse(r: httpx.Response) -> AttentionMaps[Array]:
+        if _is_binary(r):
+            tensors, rest = binary_answer(r.content, wire.value)
+            return AttentionMaps.build(rest, tensors)
+        data = r.json()
+        return AttentionMaps.build(data, {key: from_json_tensor(t) for key, t in data["attention"].items()})
+
+    return Call("POST", "/attention", parse, body=lambda: build_body(model, inputs, fields, binary=_binary(wire)))
+
+
+def attention_image(
+    model: str, image: ImageInput, wire: Wire, *, blocks: Sequence[str], heads: Sequence[int] | None, alpha: float
+) -> Call[Image.Image]:
+    fields = {
+        "blocks": list(blocks) or None,
+        "heads": list(heads) if heads is not None else None,
+        "format": "png",
+        "alpha": alpha,
+    }
+    return Call("POST", "/attention", _image, body=lambda: build_body(model, image, fields, binary=_binary(wire)))
 
 
 def _binary(wire: Wire) -> bool:

@@ -172,8 +172,28 @@ class Gradients(Generic[A]):
 
 
 @dataclass(frozen=True)
+class TokenInfo:
+    """A vision transformer's tokens at the inputs' size: how many, the prefix tokens' names, then the patch grid."""
+
+    count: int
+    prefix: list[str]
+    grid: tuple[int, int]  # rows, cols of patch tokens, row by row after the prefix
+    patch_size: tuple[int, int]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> TokenInfo | None:
+        if data is None:
+            return None
+        rows, cols = data["grid"]
+        height, width = data["patch_size"]
+        return cls(int(data["count"]), [str(p) for p in data["prefix"]], (int(rows), int(cols)), (height, width))
+
+
+@dataclass(frozen=True)
 class SaliencyMap(Generic[A]):
-    """One input's attribution (the sample's shape; `[h, w]` for gradcam) and heatmap `[H, W]` in [0, 1]."""
+    """One input's attribution (the sample's shape; `[h, w]` for gradcam) and heatmap `[H, W]` in [0, 1].
+
+    `tokens`: a map over a vision transformer's patch grid (its prefix tokens left out)."""
 
     target: int
     label: str
@@ -182,6 +202,7 @@ class SaliencyMap(Generic[A]):
     attribution: A
     heatmap: A
     convergence_delta: float | None = None
+    tokens: TokenInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +216,14 @@ class Saliency(Generic[A]):
     def map(self, fn: Callable[[A], B]) -> Saliency[B]:
         results = [
             SaliencyMap(
-                r.target, r.label, r.score, r.probability, fn(r.attribution), fn(r.heatmap), r.convergence_delta
+                r.target,
+                r.label,
+                r.score,
+                r.probability,
+                fn(r.attribution),
+                fn(r.heatmap),
+                r.convergence_delta,
+                r.tokens,
             )
             for r in self.results
         ]
@@ -221,6 +249,7 @@ class Saliency(Generic[A]):
                     attribution,
                     heatmap,
                     item.get("convergence_delta"),
+                    TokenInfo.from_json(item.get("tokens")),
                 )
             )
         return Saliency(str(data["model"]), str(data["method"]), results)
@@ -276,8 +305,16 @@ class ChannelEffect:
 
 
 @dataclass(frozen=True)
+class HeadEffect:
+    head: int
+    delta: float  # the mean change of the target score when the head is ablated
+    deltas: list[float]  # per input
+
+
+@dataclass(frozen=True)
 class Sweep:
-    """`POST /interventions/sweep`: channels ranked by the change of the target score, most needed first."""
+    """`POST /interventions/sweep`: channels (or, `over="heads"`, an attention module's heads) ranked by the
+    change of the target score, most needed first."""
 
     model: str
     site: str
@@ -286,6 +323,8 @@ class Sweep:
     targets: list[int]
     clean_scores: list[float]
     channels: list[ChannelEffect]
+    over: str = "channels"
+    heads: list[HeadEffect] | None = None  # over="heads": the heads ranked (and `channels` empty)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Sweep:
@@ -293,6 +332,10 @@ class Sweep:
             ChannelEffect(int(c["channel"]), float(c["delta"]), [float(d) for d in c["deltas"]])
             for c in data["channels"]
         ]
+        heads = [
+            HeadEffect(int(h["head"]), float(h["delta"]), [float(d) for d in h["deltas"]])
+            for h in data.get("heads") or []
+        ] or None
         return cls(
             str(data["model"]),
             str(data["site"]),
@@ -301,4 +344,59 @@ class Sweep:
             [int(t) for t in data["targets"]],
             [float(s) for s in data["clean_scores"]],
             effects,
+            str(data.get("over", "channels")),
+            heads,
+        )
+
+
+@dataclass(frozen=True)
+class AttentionMaps(Generic[A]):
+    """`POST /attention`: per attention module, the softmax probabilities `[N, heads, queries, T]`.
+
+    `heads` and `queries` say which heads (dim 1) and query rows (dim 2) were answered; `tokens` says
+    which token is which (None for a model without a patch grid)."""
+
+    model: str
+    tokens: TokenInfo | None
+    heads: list[int]
+    queries: list[int]
+    query_names: list[str]
+    maps: dict[str, A]
+    predictions: list[Prediction] = field(default_factory=list)
+
+    def __getitem__(self, block: str) -> A:
+        try:
+            return self.maps[block]
+        except KeyError:
+            raise KeyError(f"no map of {block!r}; answered: {list(self.maps)}") from None
+
+    def over_patches(self: AttentionMaps[Array], block: str) -> Array:
+        """One module's maps over the patch grid, prefix keys left out: `[N, heads, queries, rows, cols]`."""
+        if self.tokens is None:
+            raise ValueError("this model has no patch grid")
+        rows, cols = self.tokens.grid
+        found = self[block]
+        return found[..., len(self.tokens.prefix) :].reshape(*found.shape[:-1], rows, cols)
+
+    def map(self, fn: Callable[[A], B]) -> AttentionMaps[B]:
+        maps = {key: fn(t) for key, t in self.maps.items()}
+        return AttentionMaps(
+            self.model, self.tokens, self.heads, self.queries, self.query_names, maps, self.predictions
+        )
+
+    def to_torch(self: AttentionMaps[Array]) -> AttentionMaps[torch.Tensor]:
+        return self.map(_torch)
+
+    @classmethod
+    def build(cls, data: Mapping[str, Any], maps: Mapping[str, Array]) -> AttentionMaps[Array]:
+        """`data`: the JSON answer (or the binary file's metadata); `maps`: its tensors, in any order."""
+        order = list(data.get("attention") or maps)
+        return AttentionMaps(
+            str(data["model"]),
+            TokenInfo.from_json(data.get("tokens")),
+            [int(h) for h in data["heads"]],
+            [int(q) for q in data["queries"]],
+            [str(n) for n in data["query_names"]],
+            {key: maps[key] for key in order if key in maps},
+            _predictions(data),
         )

@@ -8,6 +8,7 @@ handlers) exactly as uvicorn would drive it, and shutdown releases the models.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -15,6 +16,9 @@ from starlette.types import ASGIApp, Message
 from service.cluster.messages import ForwardRequest, ForwardResponse
 
 ASGI = {"version": "3.0", "spec_version": "2.3"}
+DISCONNECT_GRACE_S = 5.0  # how long a request whose caller gave up may take to drop its work
+INTERNAL_ERROR = b"Internal Server Error"
+log = logging.getLogger("hookserve.cluster")
 
 
 class LifespanError(RuntimeError):
@@ -82,30 +86,45 @@ class AppHost:
             "state": dict(self.state),
         }
         body_sent = False
-        done = asyncio.Event()
+        gone = asyncio.Event()  # set when the caller gave up (or the app is done): `receive` then says disconnect
 
         async def receive() -> Message:
             nonlocal body_sent
             if not body_sent:
                 body_sent = True
                 return {"type": "http.request", "body": request.body, "more_body": False}
-            await done.wait()  # after the body, only a disconnect could follow: never, until we are done
+            await gone.wait()  # after the body, only a disconnect can follow
             return {"type": "http.disconnect"}
 
         status = 500
         headers: list[tuple[bytes, bytes]] = []
         chunks: list[bytes] = []
+        started = False
 
         async def send(message: Message) -> None:
-            nonlocal status, headers
+            nonlocal status, headers, started
             if message["type"] == "http.response.start":
+                started = True
                 status = int(message["status"])
                 headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
             elif message["type"] == "http.response.body":
                 chunks.append(bytes(message.get("body", b"")))
 
+        task = asyncio.ensure_future(self.app(scope, receive, send))
         try:
-            await self.app(scope, receive, send)
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The caller gave up (its client left): the app sees a disconnect, as from a client over HTTP, and
+            # drops the request's work; it gets a moment to do so before it is cancelled outright.
+            gone.set()
+            await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S)
+            task.cancel()
+            raise
+        except Exception:
+            if not started:  # as uvicorn answers an app that raised before answering
+                log.exception("the app raised before answering %s %s", request.method, request.path)
+                return ForwardResponse(500, [(b"content-type", b"text/plain; charset=utf-8")], INTERNAL_ERROR)
+            log.exception("the app raised after answering %s %s", request.method, request.path)
         finally:
-            done.set()
+            gone.set()
         return ForwardResponse(status, headers, b"".join(chunks))

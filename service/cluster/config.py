@@ -79,9 +79,14 @@ class ClusterConfig(Scaling):
 
     layout: Layout = Layout.replicated
     app_name: str = Field("hookserve", pattern=NAME_PATTERN, description="The Serve application's name.")
-    router_replicas: int = Field(1, ge=1, le=256, description="Replicas of the router in front of the models.")
-    retries: int = Field(1, ge=0, le=5, description="Retries of a request whose replica died under it.")
+    router_replicas: int = Field(
+        2, ge=1, le=256, description="Replicas of the router deployment that Ray's own tooling (serve run) puts first."
+    )
+    retries: int = Field(2, ge=0, le=5, description="Retries of a request whose replica died under it.")
     retry_after_s: int = Field(1, ge=0, le=3600, description="Retry-After of a 503 when no replica could answer.")
+    no_replica_wait_s: float = Field(
+        5.0, gt=0, le=3600, description="How long a request waits for a replica of its group before a 503."
+    )
     load_timeout_s: float = Field(600.0, gt=0, description="How long a new replica may take to load its models.")
     metrics_interval_s: float = Field(5.0, ge=0, description="Replica metrics into Ray's export every N s; 0 = off.")
     groups: list[GroupConfig] = Field(default_factory=list)

@@ -1,29 +1,34 @@
 """What to deploy: one plan per model group (Serve deployment options, models TOML text) and the router's.
 
-Pure data, no Ray: `service.cluster.app` turns the plans into Serve deployments, and tests
-check the options (replicas, resources, queue bounds) without a cluster.
+Pure data, no Ray: `make_plan` reads the flags, env and TOML into a plan before Ray is
+started, `service.cluster.app` turns the plan into Serve deployments, and tests check the
+options (replicas, resources, queue bounds) without a cluster.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from service.cluster.config import ClusterConfig, Layout, Scaling, check_models
+from service.cluster.config import ClusterConfig, Layout, Scaling, check_models, load_cluster_config, parse_group
 from service.cluster.spec_toml import specs_toml
 from service.config import Settings
-from service.specs.model import ModelSpec
+from service.specs.model import ModelSpec, load_specs
 
 REPLICATED_GROUP = "models"  # the one group of the replicated layout
 THREAD_FIELDS = ("worker_threads", "cpu_threads", "torch_threads", "decode_threads")
-NOT_FOR_REPLICAS = ("config", "host", "port")
-REPLICA_FIELDS = {
-    "num_replicas",
-    "min_replicas",
-    "max_replicas",
-    "target_ongoing_requests",
-}  # the replica gets its own TOML; Serve's proxy owns the port
+NOT_FOR_REPLICAS = ("config", "host", "port")  # the replica gets its own TOML; the front owns the port
+REPLICA_FIELDS = {"num_replicas", "min_replicas", "max_replicas", "target_ongoing_requests"}
+# Serve writes an access-log line per call to each replica's log file; the app logs every request already
+QUIET_REPLICA = {"enable_access_log": False}
+# Serve's own per-request overhead, halved (measured in bench/cluster.py): a replica runs its calls on its own event
+# loop rather than handing each to a second thread, and a handle's router runs on the caller's loop
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+ROUTER_ENV = {**REPLICA_ENV, "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def deployment_options(scaling: Scaling, settings: Settings) -> dict[str, Any]:
     503 "queue full"; `max_queued_requests` bounds that queue (503 with Retry-After past it).
     """
     num_cpus = 1.0 if scaling.num_cpus is None else scaling.num_cpus
-    actor: dict[str, Any] = {"num_cpus": num_cpus}
+    actor: dict[str, Any] = {"num_cpus": num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}}
     if scaling.num_gpus:
         actor["num_gpus"] = scaling.num_gpus
     options: dict[str, Any] = {
@@ -97,6 +102,7 @@ def deployment_options(scaling: Scaling, settings: Settings) -> dict[str, Any]:
         "max_queued_requests": settings.max_queue,
         "graceful_shutdown_timeout_s": settings.shutdown_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
+        "logging_config": QUIET_REPLICA,
     }
     if scaling.min_replicas is not None or scaling.max_replicas is not None:
         low = scaling.min_replicas if scaling.min_replicas is not None else 1
@@ -140,10 +146,11 @@ def build_plan(cluster: ClusterConfig, specs: list[ModelSpec] | None, settings: 
     capacity = sum(settings.max_queue * g.max_replicas for g in groups)
     router_options = {
         "num_replicas": cluster.router_replicas,
-        "ray_actor_options": {"num_cpus": 0},
+        "ray_actor_options": {"num_cpus": 0, "runtime_env": {"env_vars": ROUTER_ENV}},
         "max_ongoing_requests": max(100, math.ceil(capacity / cluster.router_replicas)),
         "graceful_shutdown_timeout_s": settings.shutdown_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
+        "logging_config": QUIET_REPLICA,
     }
     order_all = () if specs is None else tuple(s.name for s in specs)
     return ClusterPlan(
@@ -155,3 +162,34 @@ def build_plan(cluster: ClusterConfig, specs: list[ModelSpec] | None, settings: 
         settings.max_upload_bytes,
         order_all,
     )
+
+
+SETTINGS_ARGS = ("config", "model_dir", "device", "host", "port", "grpc_port")
+CLUSTER_ARGS = {
+    "layout": "layout",
+    "replicas": "num_replicas",
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "target_ongoing_requests": "target_ongoing_requests",
+    "num_cpus": "num_cpus",
+    "num_gpus": "num_gpus",
+    "app_name": "app_name",
+    "router_replicas": "router_replicas",
+}
+
+
+def make_plan(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[Settings, ClusterPlan]:
+    """Settings (flags over `HOOKSERVE_*`), the cluster config (flags over env over TOML), checked into a plan."""
+    environ = os.environ if environ is None else environ
+    settings = Settings(**{k: args[k] for k in SETTINGS_ARGS if args.get(k) is not None})
+    overrides: dict[str, Any] = {field: args.get(arg) for arg, field in CLUSTER_ARGS.items()}
+    groups = args.get("groups")
+    if isinstance(groups, str):
+        groups = [g for g in groups.split(";") if g.strip()]
+    if groups:
+        overrides["groups"] = [parse_group(g) for g in groups]
+        overrides["layout"] = overrides.get("layout") or "sharded"
+    config = Path(settings.config) if settings.config is not None else None
+    cluster = load_cluster_config(config, environ, overrides)
+    specs = load_specs(config) if config is not None else None
+    return settings, build_plan(cluster, specs, settings)

@@ -1,11 +1,14 @@
-"""The router in front of the model groups: one ASGI app that Ray Serve's HTTP proxy hands every request.
+"""The router in front of the model groups: one ASGI app, served by the cluster's front (or a Serve deployment).
 
 It reads the request, picks the group that serves its model (sharded) or the one group
-(replicated), and forwards it through `send`. It answers for the whole cluster where one
-replica could not: `/models`, `/readyz`, `/v2/health/ready` and `/v2/repository/index` ask
-every group. A replica that dies under a request costs the client nothing when a retry on
-another replica succeeds (every forwarded call is a read), else a 503 with Retry-After;
-never a 500. Admin load/unload is refused with a 409: the model set is the Serve config.
+(replicated), and forwards it through `send`. A body names its model the way the app reads
+it (`service.cluster.routing`); a request naming no model, or one no group serves, goes to
+any group, whose app answers exactly as one process would (400, 404, 422). It answers for the
+whole cluster where one replica could not: `/models`, `/readyz`, `/v2/health/ready` and
+`/v2/repository/index` ask every group. A replica that dies under a request costs the client
+nothing when a retry on another replica succeeds (every forwarded call is a read), else a 503
+with Retry-After; never a 500. A client that leaves before its answer cancels the call.
+Admin load/unload is refused with a 409: the model set is the Serve config.
 
 No Ray here: `send` raises `ReplicaLost` or `GroupUnavailable`, and
 `service.cluster.deployments` maps Ray's exceptions onto them.
@@ -23,6 +26,7 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from service.api.bodies import is_multipart
 from service.cluster.messages import REPLICA_HEADER, ForwardRequest, ForwardResponse
 from service.cluster.routing import is_admin, model_of
 
@@ -75,6 +79,12 @@ class _Disconnected(Exception):
     """The client left before its body was read: nothing to forward, nobody to answer."""
 
 
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client has gone (after the body, the server sends only `http.disconnect`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class _TooLarge(Exception):
     def __init__(self, limit: int, name: str) -> None:
         super().__init__(f"request body over the {limit}-byte limit ({name})")
@@ -102,8 +112,17 @@ class RouterApp:
     """The ASGI app of the router deployment."""
 
     def __init__(
-        self, groups: Sequence[Group], send: Sender, settings: RouterSettings, order: Sequence[str] = ()
+        self,
+        groups: Sequence[Group],
+        send: Sender,
+        settings: RouterSettings,
+        order: Sequence[str] = (),
+        *,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        on_startup: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """`on_startup`, `on_shutdown`: awaited at the lifespan's startup and shutdown, on the server's loop (to
+        start what serves beside it, and release what `send` holds)."""
         if not groups:
             raise ValueError("the router needs at least one group")
         self.groups = tuple(groups)
@@ -111,6 +130,8 @@ class RouterApp:
         self.settings = settings
         self.owner = {model: g.name for g in self.groups for model in g.models}
         self.order = {name: i for i, name in enumerate(order or self.owner)}
+        self.on_shutdown = on_shutdown
+        self.on_startup = on_startup
 
     # ---- ASGI --------------------------------------------------------------------------------
 
@@ -127,20 +148,44 @@ class RouterApp:
             return
         except _Disconnected:
             return
-        await self._respond(send, await self.handle(request))
+        answer = await self._unless_gone(self.handle(request), receive)
+        if answer is not None:
+            await self._respond(send, answer)
+
+    @staticmethod
+    async def _unless_gone(work: Awaitable[ForwardResponse], receive: Receive) -> ForwardResponse | None:
+        """The answer; None (the call cancelled) when the client disconnects first."""
+        answering = asyncio.ensure_future(work)
+        leaving = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait((answering, leaving), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answering, leaving):
+                if not task.done():
+                    task.cancel()
+        if answering.done() and not answering.cancelled():
+            return answering.result()
+        return None
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                try:
+                    if self.on_startup is not None:
+                        await self.on_startup()
+                except Exception as exc:  # e.g. the gRPC port is taken: the server does not start
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+                    return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.on_shutdown is not None:
+                    await self.on_shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     def _limit(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, str]:
-        content_type = dict(headers).get(b"content-type", b"").lower()
-        if path.startswith(UPLOAD_PATHS) and content_type.startswith(b"multipart/form-data"):
+        if path.startswith(UPLOAD_PATHS) and is_multipart(dict(headers).get(b"content-type")):
             return self.settings.max_upload_bytes, "max_upload_bytes"
         return self.settings.max_body_bytes, "max_body_bytes"
 
@@ -202,17 +247,18 @@ class RouterApp:
                 return await self._v2_ready(request)
             if method == "POST" and path == "/v2/repository/index":
                 return await self._repository_index(request)
-        group = self.groups[0].name
-        if len(self.groups) > 1:
-            if len(request.body) > PARSE_IN_THREAD:
-                model = await asyncio.to_thread(model_of, request)
-            else:
-                model = model_of(request)
-            if model is not None:
-                if model not in self.owner:
-                    return error_response(path, 404, f"no model named {model!r}; GET /models lists them")
-                group = self.owner[model]
-        return await self.forward(group, request)
+        return await self.forward(await self._group_of(request), request)
+
+    async def _group_of(self, request: ForwardRequest) -> str:
+        """The group serving the model the request names; the first group for none, or for a model no group
+        serves (its app then answers as one process would: 404 for the model, or 400/422 for the body first)."""
+        if len(self.groups) == 1:
+            return self.groups[0].name
+        if len(request.body) > PARSE_IN_THREAD:
+            model = await asyncio.to_thread(model_of, request)
+        else:
+            model = model_of(request)
+        return self.owner.get(model, self.groups[0].name) if model is not None else self.groups[0].name
 
     def _refuse_admin(self, request: ForwardRequest) -> ForwardResponse:
         """The token first, as in one process (nobody learns anything without it), then the 409."""

@@ -1,8 +1,10 @@
 """Which model a request is about: from its path, a query parameter, or its body (JSON or multipart).
 
 The router of the sharded layout sends each request to the group that serves that model.
-A body it cannot read (bad JSON, no `model` field) names no model: the request then goes to
-any group, whose app answers with the same 400/422 a single process gives.
+A body is read as the app reads it: a multipart form when `service.api.bodies.is_multipart`
+says so, JSON whatever else its Content-Type says. A body it cannot read (bad JSON, no
+`model` field) names no model: the request then goes to any group, whose app answers with
+the same 400/422 a single process gives.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import orjson
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from service.api.bodies import is_multipart
 from service.cluster.messages import ForwardRequest
 
 MODEL_PATHS = (
@@ -60,8 +63,9 @@ def model_in_json(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def model_in_multipart(boundary: bytes, body: bytes) -> str | None:
-    """The value of the form field `model`, reading only as far as needed."""
+def model_in_multipart(boundary: bytes, body: bytes, charset: str = "utf-8") -> str | None:
+    """The value of the form field `model`, reading only as far as needed, decoded as Starlette decodes form
+    fields for the app (the Content-Type's charset, latin-1 where that fails)."""
     state: dict[str, bytes | bool | None] = {"field": b"", "value": b"", "name": None, "in_model": False, "found": None}
     header: dict[str, bytes] = {"field": b"", "value": b""}
 
@@ -113,22 +117,22 @@ def model_in_multipart(boundary: bytes, body: bytes) -> str | None:
     if not isinstance(found, bytes):
         return None
     try:
-        return found.decode("utf-8").strip() or None
-    except UnicodeDecodeError:
-        return None
+        return found.decode(charset)
+    except (UnicodeDecodeError, LookupError):
+        return found.decode("latin-1")
 
 
 def model_in_body(request: ForwardRequest) -> str | None:
     """`model` of a JSON body or a multipart form; None when there is none or the body is unreadable."""
     if not request.body:
         return None
-    content_type, params = parse_options_header(request.header(b"content-type"))
-    if content_type == b"multipart/form-data":
-        boundary = params.get(b"boundary")
-        return model_in_multipart(boundary, request.body) if boundary else None
-    if content_type in (b"application/json", b"") or content_type.endswith(b"+json"):
+    content_type = request.header(b"content-type")
+    if not is_multipart(content_type):
         return model_in_json(request.body)
-    return None
+    params = parse_options_header(content_type)[1]
+    boundary = params.get(b"boundary")
+    charset = params.get(b"charset", b"utf-8").decode("latin-1")
+    return model_in_multipart(boundary, request.body, charset) if boundary else None
 
 
 def model_of(request: ForwardRequest) -> str | None:

@@ -15,6 +15,7 @@ from PIL import Image
 from service.codecs import colormap
 from service.codecs.preprocess import denormalize
 from service.errors import InvalidField
+from service.introspection.tokens import TokenLayout, is_token_row, row_grid
 from service.specs.model import PreprocessSpec
 
 SEPARATOR = 2  # px between tiles
@@ -152,11 +153,14 @@ def _encode(pixels: NDArray[np.uint8]) -> bytes:
     return buffer.getvalue()
 
 
-def activation_grid_png(outputs: Mapping[str, torch.Tensor], layer: str | None, channels: int) -> bytes:
+def activation_grid_png(
+    outputs: Mapping[str, torch.Tensor], layer: str | None, channels: int, tokens: TokenLayout | None = None
+) -> bytes:
     """The feature maps of the first input at `layer` (default: the first captured output with channels).
 
     `outputs` maps capture keys to layer outputs `[N, C, h, w]` (`[N, C]` and `[N, L]` are drawn as
-    1×1 or one-row maps).
+    1×1 or one-row maps); a vision transformer's tokens `[N, T, D]` (with `tokens`, their layout) as D maps
+    over the patch grid, the prefix tokens left out.
     """
     if not outputs:
         raise InvalidField("format=png draws layer outputs; capture 'output' or 'both'")
@@ -168,6 +172,8 @@ def activation_grid_png(outputs: Mapping[str, torch.Tensor], layer: str | None, 
     if layer not in outputs:
         raise InvalidField(f"png_layer {layer!r} is not among the captured layers {sorted(outputs)}")
     fmap = outputs[layer][0]
+    if tokens is not None and is_token_row(fmap, tokens):
+        fmap = row_grid(fmap, tokens)
     if fmap.ndim == 1:
         fmap = fmap[:, None, None]
     elif fmap.ndim == 2:
@@ -201,3 +207,28 @@ def saliency_png(
     if len(images) == 1:
         return heatmap_overlay_png(images[0], maps[0], alpha)
     return heatmap_grid_png(images, maps, alpha)
+
+
+MIN_GRID_TILE = 128
+MAX_ATTENTION_TILES = 256
+
+
+def attention_png(image: torch.Tensor, maps: torch.Tensor, preprocess: PreprocessSpec, alpha: float) -> bytes:
+    """Attention maps `[rows, cols, h, w]` over the patch grid (a row per block, a column per head), each min-max
+    scaled and blended over the de-normalised input `[C, H, W]`, enlarged (nearest, patches stay whole) so a
+    tile's shorter side is at least `MIN_GRID_TILE` px."""
+    rows, cols = int(maps.shape[0]), int(maps.shape[1])
+    if rows * cols > MAX_ATTENTION_TILES:
+        raise InvalidField(f"png draws at most {MAX_ATTENTION_TILES} maps (blocks x heads); ask for fewer")
+    picture = denormalize(image.float(), preprocess)
+    side = min(picture.shape[-2:])
+    if side < MIN_GRID_TILE:
+        picture = F.interpolate(picture[None], scale_factor=-(-MIN_GRID_TILE // side), mode="nearest")[0]
+    size = tuple(picture.shape[-2:])
+    flat = maps.reshape(rows * cols, 1, *maps.shape[2:]).float()
+    low = flat.amin(dim=(2, 3), keepdim=True)
+    high = flat.amax(dim=(2, 3), keepdim=True)
+    scaled = torch.where(high > low, (flat - low) / (high - low).clamp(min=1e-12), torch.zeros_like(flat))
+    enlarged = F.interpolate(scaled, size=size, mode="nearest")[:, 0]
+    tiles = [heatmap_overlay(picture, heat, alpha) for heat in enlarged]
+    return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))

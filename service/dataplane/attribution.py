@@ -67,6 +67,7 @@ class Attribution(PlaneBase):
         model = served.model
         method.check_limits(body, self.settings)
         params = method.resolve_layers(body, model.layer_names)
+        method.check_model(params, model.module, model.name)
         target: TargetSpec = body.target
         check_target(target, len(body.inputs), model.num_classes, model.labels)
 

@@ -19,6 +19,7 @@ import torch
 from service.codecs.tensors import json_size_lower_bound
 from service.config import Settings
 from service.errors import TooLarge
+from service.introspection.attention import AttentionSite
 from service.introspection.shapes import LayerShapes
 from service.runtime.admission import Cost
 from service.runtime.runners.activations import CaptureRequest
@@ -31,6 +32,7 @@ ADVICE_ACTIVATIONS = "ask for fewer layers or inputs, a reduce (mean/max), forma
 ADVICE_GRADIENTS = "ask for fewer layers or inputs, include_input=false, or a smaller input"
 ADVICE_SALIENCY = "send fewer or smaller inputs, or lower steps/samples"
 ADVICE_PREDICT = "send fewer or smaller inputs"
+ADVICE_ATTENTION = "ask for fewer blocks, heads or inputs, the class token's row (the default) or format=stats"
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,40 @@ def saliency_cost(
     answer = _answer_bytes(numel, attribution, fmt) if carried else 0
     parts = {"inputs": inputs_bytes(x), "graph": graph, "attributions": attribution, "answer": answer}
     return Estimate(Cost(parts), numel if carried else 0, attribution if carried else 0)
+
+
+def attention_cost(
+    x: torch.Tensor,
+    shapes: LayerShapes,
+    sites: Sequence[AttentionSite],
+    heads: Sequence[int] | None,
+    queries: Sequence[int] | None,
+    *,
+    fmt: str,
+) -> Estimate:
+    """The forward, each unfused block's scores and probabilities `[N, heads, T, T]` (one block at a time), the
+    kept rows of every chosen block, and the answer: T is read from the tokens each attention module takes."""
+    n = int(x.shape[0])
+    full = kept = numel = 0
+    for site in sites:
+        tokens = _tokens_into(shapes, site.name)
+        rows = len(queries) if queries is not None else tokens
+        full = max(full, 2 * n * site.heads * tokens * tokens * 4)
+        kept += n * site.heads * rows * tokens * 4
+        numel += n * (len(heads) if heads is not None else site.heads) * rows * tokens
+    carried = fmt not in ("stats", "png")
+    answer = _answer_bytes(numel, numel * 4, fmt) if carried else 0
+    forward = forward_bytes(shapes, n) + full
+    parts = {"inputs": inputs_bytes(x), "forward": forward, "captures": kept, "answer": answer}
+    return Estimate(Cost(parts), numel if carried else 0, numel * 4 if carried else 0)
+
+
+def _tokens_into(shapes: LayerShapes, name: str) -> int:
+    """How many tokens the module `name` takes (its first input `[1, T, D]`, scaled to the request's input)."""
+    found = shapes.inputs.get(name, [])
+    if not found or len(found[0].shape) != 3:
+        return 1
+    return max(1, found[0].per_sample_numel // max(1, found[0].shape[-1]))
 
 
 def check_answer(estimate: Estimate, fmt: str, settings: Settings, advice: str) -> None:

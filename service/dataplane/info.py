@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from service.introspection.attention import fused_flags
 from service.introspection.hooks import count_hooks
+from service.introspection.tokens import token_layout
+from service.registry.loaded import LoadedModel
 from service.runtime.fleet import Entry
 from service.schemas.models import ModelDetail, ModelInfo
 
@@ -15,6 +18,21 @@ def model_detail(entry: Entry) -> ModelDetail:
     fields = _fields(entry)
     fields["repr"] = entry.model.text if entry.model is not None else None
     return ModelDetail.model_validate(fields)
+
+
+def attention_info(model: LoadedModel) -> dict[str, object] | None:
+    """The attention modules /attention reads, their heads, the tokens at the input size, the predictions' kernel."""
+    sites = model.attention.sites
+    if not sites:
+        return None
+    layout = token_layout(model.module, tuple(model.input_size))
+    flags = fused_flags(model.prediction_module) if model.prediction_path != "onnxruntime" else {}
+    return {
+        "modules": list(sites),
+        "heads": [site.heads for site in sites.values()],
+        "tokens": layout.describe() if layout is not None else None,
+        "fused": all(flags.values()) if flags else None,
+    }
 
 
 def _fields(entry: Entry) -> dict[str, object]:
@@ -53,5 +71,7 @@ def _fields(entry: Entry) -> dict[str, object]:
             "hook_lanes": len(model.lanes),
             "packed_convolutions": model.conv_packs is not None,
             "packed_convolutions_reason": model.conv_packs_reason or None,
+            "attention": attention_info(model),
+            "attention_reason": model.attention.refusal(model.name),
         }
     return fields

@@ -20,6 +20,7 @@ from service.introspection.nodes import NodeGraph, node_bytes, resolve_nodes
 from service.introspection.predictions import require_class_scores, top_k_predictions
 from service.introspection.shapes import LayerShapes
 from service.introspection.targets import check_target, resolve_targets, target_scores
+from service.introspection.tokens import TokenSelection, selected_tokens, token_layout
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import Cost
 from service.runtime.runners.activations import CaptureRequest
@@ -56,6 +57,7 @@ class Sweep:
     call: int
     op: str
     result: SweepResult
+    over: str = "channels"  # or "heads"
 
 
 class Experiments(PlaneBase):
@@ -113,20 +115,24 @@ class Experiments(PlaneBase):
         served = self.ready(body.model)
         model = served.model
         _check_site(model, body.site, body.call)
-        shapes = model.layer_shapes.outputs.get(site_key(body.site, body.call), [])
-        width = shapes[0].shape[1] if shapes and len(shapes[0].shape) >= 2 else 0
-        start, stop = body.channels or [0, width]
-        if stop > width:
-            raise InvalidField(f"channels {[start, stop]} are out of range: {body.site!r} gives {width} channels")
-        rows = len(body.inputs) * (stop - start)
+        units = _sweep_units(model, body)
+        rows = len(body.inputs) * len(units.numbers)
         if rows > self.settings.max_sweep_rows:
             raise TooLarge(
-                f"sweeping {stop - start} channels over {len(body.inputs)} inputs runs {rows} ablated inputs, over "
-                f"the limit of {self.settings.max_sweep_rows} (max_sweep_rows); sweep a smaller range of channels"
+                f"sweeping {len(units.numbers)} {body.over} over {len(body.inputs)} inputs runs {rows} ablated inputs, "
+                f"over the limit of {self.settings.max_sweep_rows} (max_sweep_rows); sweep a smaller range"
             )
         check_target(body.target, len(body.inputs), model.num_classes, model.labels)
         request = SweepRequest(
-            body.site, body.call, body.op, tuple(range(start, stop)), body.target, self.settings.max_batch_size * 4
+            units.site,
+            body.call,
+            body.op,
+            units.numbers,
+            body.target,
+            self.settings.max_batch_size * 4,
+            groups=units.groups,
+            side=units.side,
+            token_axis=units.token_axis,
         )
         _, result = await self.run_admitted(
             served,
@@ -136,7 +142,7 @@ class Experiments(PlaneBase):
             estimate=lambda x, shapes: _sweep_cost(x, shapes, request.rows_per_forward),
             answer=("json", "sweep a smaller range of channels"),
         )
-        return Sweep(model.name, body.site, body.call, body.op, result)
+        return Sweep(model.name, body.site, body.call, body.op, result, body.over)
 
     def _edit(
         self, index: int, edit: Edit, model: LoadedModel, body: InterventionsRequest, graph: NodeGraph | None
@@ -144,17 +150,25 @@ class Experiments(PlaneBase):
         """The schema's edit as the torch side's, its site, call, channels, source and tensor checked first."""
         site = edit.node if graph is not None else edit.site
         assert site is not None  # the schema requires one of them
+        where = Where(site)
         if graph is not None:
+            if edit.tokens is not None:
+                raise InvalidField(f"edit {index}: tokens address the outputs of modules (`site`), not of nodes")
             shape = _node_shape(graph, index, site)
         else:
             _check_site(model, site, edit.call)
-            shapes = model.layer_shapes.outputs.get(site_key(site, edit.call), [])
+            where = _where(index, model, site, edit.heads)
+            table = model.layer_shapes.inputs if where.side == "input" else model.layer_shapes.outputs
+            shapes = table.get(site_key(where.site, edit.call), [])
             if len(shapes) != 1:
                 raise InvalidField(f"edit {index}: {site!r} gives {len(shapes)} tensors; edits need one")
             shape = shapes[0].shape
-        if edit.channels is not None:
-            width = shape[1] if len(shape) >= 2 else 0
-            bad = [c for c in edit.channels if c >= width]
+        tokens = _tokens(index, model, site, shape, edit.tokens, edit.y is not None or edit.x is not None)
+        channels = edit.channels if where.channels is None else list(where.channels)
+        if channels is not None:
+            axis = -1 if tokens.axis else 1
+            width = shape[axis] if len(shape) >= 2 else 0
+            bad = [c for c in channels if c >= width]
             if bad:
                 raise InvalidField(f"edit {index}: channels {bad} are out of range: {site!r} gives {width}")
         tensor = None
@@ -166,10 +180,10 @@ class Experiments(PlaneBase):
             raise InvalidField(f"edit {index}: no source named {source!r} (sources: {sorted(body.sources)})")
         return EditOp(
             index=index,
-            site=site,
+            site=where.site,
             call=edit.call,
             selection=Selection(
-                tuple(edit.channels) if edit.channels is not None else None,
+                tuple(channels) if channels is not None else None,
                 (edit.y[0], edit.y[1]) if edit.y is not None else None,
                 (edit.x[0], edit.x[1]) if edit.x is not None else None,
             ),
@@ -183,6 +197,12 @@ class Experiments(PlaneBase):
             std=getattr(edit, "std", 0.0),
             seed=getattr(edit, "seed", 0),
             source=source,
+            side=where.side,
+            token_axis=tokens.axis,
+            tokens=tokens.indices,
+            token_count=tokens.count,
+            heads=tuple(edit.heads) if edit.heads is not None else None,
+            attention=site if edit.heads is not None else None,
         )
 
     def _tensor(self, index: int, payload: TensorPayload) -> torch.Tensor:
@@ -216,6 +236,101 @@ class Experiments(PlaneBase):
                     f"{list(x.shape[1:])}: donors must match the inputs"
                 )
         return x
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where an edit applies: a module's output, or (heads) the input of the module where an attention
+    module's heads meet, on those heads' channels."""
+
+    site: str
+    side: str = "output"
+    channels: tuple[int, ...] | None = None
+
+
+def _where(index: int, model: LoadedModel, site: str, heads: Sequence[int] | None) -> Where:
+    if heads is None:
+        return Where(site)
+    found = model.attention
+    attention = found.sites.get(site)
+    if attention is None:
+        found.require(model.name)
+        listed = ", ".join(repr(s) for s in list(found.sites)[:6]) + (", ..." if len(found.sites) > 6 else "")
+        raise InvalidField(f"edit {index}: heads are edited at an attention module, and {site!r} is not one: {listed}")
+    bad = [h for h in heads if h >= attention.heads]
+    if bad:
+        raise InvalidField(f"edit {index}: heads {bad} are out of range: {site!r} has {attention.heads}")
+    width = attention.head_dim
+    channels = tuple(c for h in dict.fromkeys(heads) for c in range(h * width, (h + 1) * width))
+    return Where(attention.heads_at, "input", channels)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """How an edit reads a token sequence: whether the site gives one, and the positions chosen along dim 1."""
+
+    axis: bool = False
+    indices: tuple[int, ...] | None = None
+    count: int | None = None
+
+
+def _tokens(  # noqa: PLR0917
+    index: int, model: LoadedModel, site: str, shape: tuple[int, ...], chosen: TokenSelection | None, spatial: bool
+) -> Tokens:
+    """The token positions an edit chooses at a site of `shape` (one input, at the model's input size)."""
+    layout = token_layout(model.module, tuple(model.input_size))
+    sequence = layout is not None and len(shape) == 3 and layout.holds(shape[1])
+    if sequence and spatial:
+        raise InvalidField(f"edit {index}: {site!r} gives tokens [N, T, D]; choose them with `tokens`, not y/x")
+    if chosen is None:
+        return Tokens(sequence)
+    if layout is None or not sequence:
+        raise InvalidField(
+            f"edit {index}: tokens choose along dim 1 of a vision transformer's token sequence [N, T, D]; {site!r} "
+            f"gives {list(shape[1:])}"
+        )
+    indices = selected_tokens(chosen, layout)
+    if shape[1] == layout.patches and shape[1] != layout.count:  # patch tokens alone (patch_embed's output)
+        first = len(layout.prefix)
+        if any(i < first for i in indices):
+            raise InvalidField(f"edit {index}: {site!r} holds the patch tokens alone, without {list(layout.prefix)}")
+        indices = [i - first for i in indices]
+    return Tokens(True, tuple(indices), shape[1])
+
+
+@dataclass(frozen=True)
+class SweepUnits:
+    """What a sweep ablates in turn: channels of a site's output, or heads where they meet."""
+
+    site: str
+    numbers: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...] | None = None
+    side: str = "output"
+    token_axis: bool = False
+
+
+def _sweep_units(model: LoadedModel, body: SweepBody) -> SweepUnits:
+    if body.over == "heads":
+        found = model.attention
+        attention = found.sites.get(body.site)
+        if attention is None:
+            found.require(model.name)
+            raise InvalidField(f"a sweep over heads needs an attention module as `site`: {list(found.sites)[:6]}")
+        start, stop = body.heads or [0, attention.heads]
+        if stop > attention.heads:
+            raise InvalidField(f"heads {[start, stop]} are out of range: {body.site!r} has {attention.heads} heads")
+        width = attention.head_dim
+        groups = tuple(tuple(range(h * width, (h + 1) * width)) for h in range(start, stop))
+        return SweepUnits(attention.heads_at, tuple(range(start, stop)), groups, "input", token_axis=True)
+    shapes = model.layer_shapes.outputs.get(site_key(body.site, body.call), [])
+    shape = shapes[0].shape if shapes else ()
+    layout = token_layout(model.module, tuple(model.input_size))
+    sequence = layout is not None and len(shape) == 3 and layout.holds(shape[1])
+    width = shape[-1 if sequence else 1] if len(shape) >= 2 else 0
+    start, stop = body.channels or [0, width]
+    if stop > width:
+        raise InvalidField(f"channels {[start, stop]} are out of range: {body.site!r} gives {width} channels")
+    return SweepUnits(body.site, tuple(range(start, stop)), token_axis=sequence)
 
 
 def _node_shape(graph: NodeGraph, index: int, name: str) -> tuple[int, ...]:
@@ -284,11 +399,13 @@ def _changes(clean: torch.Tensor, edited: torch.Tensor, targets: list[int], mode
 
 
 def _applied(op: EditOp, fired: Fired) -> dict[str, Any]:
+    """What fired where; `heads` and `tokens` only for edits that chose them."""
+    chosen = {"heads": op.heads, "tokens": op.tokens}
     return {
         "edit": op.index,
-        "site": op.site,
+        "site": op.attention or op.site,
         "call": op.call,
         "op": op.op,
         "shape": fired.shape,
         "elements": fired.elements,
-    }
+    } | {key: list(value) for key, value in chosen.items() if value is not None}

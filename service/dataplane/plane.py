@@ -7,6 +7,7 @@ loop, limits that need the model, the job on the model's executor) happens here.
 
 from __future__ import annotations
 
+from service.dataplane.attention import AttentionMaps
 from service.dataplane.attribution import Attribution
 from service.dataplane.catalogue import Catalogue
 from service.dataplane.checkpoints import Checkpoints
@@ -26,6 +27,7 @@ class DataPlane(
     Inspection,
     Nodes,
     Attribution,
+    AttentionMaps,
     Experiments,
     Catalogue,
     Checkpoints,

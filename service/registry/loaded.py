@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from service.introspection.attention import AttentionModules
 from service.introspection.nodes import NodeGraph, Untraceable
 from service.introspection.shapes import LayerShapes
 from service.registry.packed_convolutions import ConvPacks
@@ -42,6 +43,7 @@ class LoadedModel:
     summary_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
     lanes: tuple[nn.Module, ...] = field(default=(), repr=False)  # copies hooked batches run on (lanes.py)
+    attention: AttentionModules = field(default_factory=AttentionModules, repr=False)  # readable attention modules
 
     @property
     def name(self) -> str:

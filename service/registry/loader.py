@@ -12,6 +12,7 @@ from torch import nn
 
 from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
+from service.introspection.attention import attention_modules
 from service.introspection.layers import module_names
 from service.introspection.shapes import probe_shapes
 from service.registry.devices import pick_device
@@ -114,6 +115,7 @@ def _load(
         conv_packs_reason=packs_reason,
         predictions_packed=predictions_packed,
         channels_last=channels_last,
+        attention=attention_modules(module),
     )
 
 

@@ -37,7 +37,7 @@ def foreign_shape_errors(model: LoadedModel, batch: torch.Tensor) -> Iterator[No
         yield
     except torch.OutOfMemoryError:
         raise
-    except (RuntimeError, ValueError, IndexError) as exc:
+    except (RuntimeError, ValueError, IndexError, AssertionError) as exc:  # timm checks input sizes with asserts
         sample = list(batch.shape[1:])
         if sample == list(model.input_size):
             raise

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from service.schemas.common import ModelInputs
+from service.schemas.tokens import TokenInfo
 from service.specs.vocab import SaliencyFormat, TensorFormat
 
 # Strict: JSON `true` or `3.0` is a client's mistake (422), not silently class 1 or 3.
@@ -60,6 +61,11 @@ class SaliencyResult(BaseModel):
     heatmap: Any = Field(..., description="TENSOR [H, W] in [0, 1] ([1, L] for a layer without spatial dims).")
     convergence_delta: float | None = Field(
         None, description="integrated_gradients, deeplift, layer_conductance and layer_integrated_gradients."
+    )
+    tokens: TokenInfo | None = Field(
+        None,
+        description="A map over a vision transformer's patch grid (attention_rollout, gradient_weighted_attention, "
+        "a layer method at a token layer): the tokens, whose prefix tokens the map leaves out.",
     )
 
 

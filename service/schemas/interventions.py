@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from service.schemas.attribution import TARGET_DESCRIPTION, TargetField
 from service.schemas.common import InputItem, ModelInputs, TensorPayload
 from service.schemas.predict import Prediction
+from service.schemas.tokens import Index, TokenChoice
 from service.specs.vocab import ActivationFormat, Capture, Reduce
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -28,6 +29,19 @@ class EditSite(BaseModel):
     channels: list[int] | None = Field(None, max_length=65536, description="Channel indices (dim 1); all if absent.")
     y: Span | None = Field(None, description="Rows [start, stop) of a spatial output (dim -2).")
     x: Span | None = Field(None, description="Columns [start, stop) of a spatial output (dim -1).")
+    tokens: TokenChoice | None = Field(
+        None,
+        description="Tokens along dim 1 of a vision transformer's [N, T, D] output: indices in the whole sequence, "
+        "`patches` or `prefix`. On such an output `channels` index the last dim (D).",
+    )
+    heads: list[Index] | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Heads of the attention module `site` names (e.g. `blocks.3.attn`): the edit applies to their "
+        "outputs where the heads meet, before the output projection (zero or scale a head's contribution, patch "
+        "it from a donor run); `tokens` may narrow it to some query tokens.",
+    )
 
     @model_validator(mode="after")
     def _spans(self) -> EditSite:
@@ -40,6 +54,10 @@ class EditSite(BaseModel):
                 raise ValueError(f"{name} must be [start, stop) with 0 <= start < stop")
         if self.channels is not None and any(c < 0 for c in self.channels):
             raise ValueError("channels must be non-negative indices")
+        if self.heads is not None and (self.node is not None or self.channels is not None):
+            raise ValueError("'heads' edits the heads of the attention module 'site' names (their channels follow)")
+        if (self.tokens is not None or self.heads is not None) and (self.y is not None or self.x is not None):
+            raise ValueError("'y' and 'x' select spatial dims; a token sequence is addressed by 'tokens'")
         return self
 
 
@@ -158,8 +176,22 @@ class SweepRequest(ModelInputs):
     site: str = Field(..., min_length=1, description="A module path from /layers.")
     call: int = Field(1, ge=1, le=1024)
     op: Literal["zero", "mean"] = Field("zero", description="zero the channel, or replace it by its spatial mean.")
+    over: Literal["channels", "heads"] = Field(
+        "channels",
+        description="Sweep channels, or the heads of the attention module `site` names (`blocks.3.attn`); a head's "
+        "mean is over the tokens, as is a channel's of a token sequence.",
+    )
     channels: Span | None = Field(None, description="[start, stop) of the channels to sweep; all if absent.")
+    heads: Span | None = Field(None, description="over=heads: [start, stop) of the heads to sweep; all if absent.")
     target: TargetField = Field(None, description=TARGET_DESCRIPTION)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SweepRequest:
+        if self.over == "channels" and self.heads is not None:
+            raise ValueError("'heads' is the range of a sweep over heads: set over=heads")
+        if self.over == "heads" and self.channels is not None:
+            raise ValueError("a sweep over heads takes its range in 'heads'")
+        return self
 
 
 class Change(BaseModel):
@@ -178,6 +210,8 @@ class Applied(BaseModel):
     op: str
     shape: list[int] = Field(..., description="The site's output shape for one input.")
     elements: int = Field(..., description="Elements of one input's output the edit changed.")
+    heads: list[int] | None = Field(None, description="The attention heads edited.")
+    tokens: list[int] | None = Field(None, description="The tokens edited (positions along dim 1).")
 
 
 class InterventionsResponse(BaseModel):
@@ -189,6 +223,12 @@ class InterventionsResponse(BaseModel):
     change: list[Change]
     applied: list[Applied]
     activations: dict[str, dict[str, Any]] | None = Field(None, description="Captures after the edits, if asked.")
+
+
+class HeadEffect(BaseModel):
+    head: int
+    delta: float = Field(..., description="Mean over the inputs of the target score's change when it is ablated.")
+    deltas: list[float] = Field(..., description="The change for each input.")
 
 
 class ChannelEffect(BaseModel):
@@ -206,4 +246,6 @@ class SweepResponse(BaseModel):
     op: str
     targets: list[int]
     clean_scores: list[float]
+    over: Literal["channels", "heads"] = "channels"
     channels: list[ChannelEffect] = Field(..., description="Sorted: the most negative change (the most needed) first.")
+    heads: list[HeadEffect] | None = Field(None, description="over=heads: sorted as channels are (channels is empty).")

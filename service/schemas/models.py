@@ -6,7 +6,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.schemas.tokens import TokenInfo
 from service.specs.model import ModelSpec, PreprocessSpec
+
+
+class AttentionInfo(BaseModel):
+    """The attention modules POST /attention reads, their heads, and the tokens at the model's input size."""
+
+    modules: list[str] = Field(..., examples=[["blocks.0.attn", "blocks.1.attn"]])
+    heads: list[int] = Field(..., description="Heads of each module, in the same order.", examples=[[4, 4]])
+    tokens: TokenInfo | None = None
+    fused: bool | None = Field(
+        None,
+        description="Whether predictions run them on the fused kernel (scaled_dot_product_attention); null when "
+        "predictions run elsewhere (ONNX Runtime). /attention unfuses them on a hook lane for its own batch only.",
+    )
 
 
 class ModelInfo(BaseModel):
@@ -65,6 +79,15 @@ class ModelInfo(BaseModel):
     )
     packed_convolutions_reason: str | None = Field(
         None, description="Why they do not, when they do not.", examples=["it runs on cuda"]
+    )
+    attention: AttentionInfo | None = Field(
+        None, description="A vision transformer's attention modules, which POST /attention reads; null otherwise."
+    )
+    attention_reason: str | None = Field(
+        None,
+        description="Why POST /attention refuses the model (no attention modules, or none whose probabilities "
+        "hooks can read), when it does.",
+        examples=["efficientvit_b0's attention does not expose probabilities. LiteMLA (...): ..."],
     )
     load_seconds: float | None = None
 

@@ -1,4 +1,4 @@
-"""The built-in LeNet classifies the 360 held-out digits through POST /predict with PNG inputs (>= 0.95)."""
+"""The built-in LeNet and digits ViT classify the 360 held-out digits through POST /predict from PNGs (>= 0.95)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def top1(answer: dict[str, object]) -> list[int]:
     return [int(p["top_k"][0]["label"]) for p in predictions]
 
 
-def test_held_out_accuracy_through_predict(builtin_client: TestClient, held_out: tuple[list[bytes], list[int]]) -> None:
+@pytest.mark.parametrize("model", ["lenet", "vit_digits"])
+def test_held_out_accuracy_through_predict(
+    builtin_client: TestClient, held_out: tuple[list[bytes], list[int]], model: str
+) -> None:
     images, targets = held_out
     assert len(images) == HELD_OUT
     predicted: list[int] = []
@@ -46,9 +49,9 @@ def test_held_out_accuracy_through_predict(builtin_client: TestClient, held_out:
         chunk = images[start : start + BATCH]
         if start == BATCH:  # one request the way curl sends it
             files = [("image", (f"{start + i}.png", data, "image/png")) for i, data in enumerate(chunk)]
-            response = builtin_client.post("/predict", data={"model": "lenet", "top_k": "1"}, files=files)
+            response = builtin_client.post("/predict", data={"model": model, "top_k": "1"}, files=files)
         else:
-            body = {"model": "lenet", "inputs": [{"image": b64(data)} for data in chunk], "top_k": 1}
+            body = {"model": model, "inputs": [{"image": b64(data)} for data in chunk], "top_k": 1}
             response = builtin_client.post("/predict", json=body)
         assert response.status_code == 200, response.text
         labels = top1(response.json())

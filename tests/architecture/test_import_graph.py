@@ -29,8 +29,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("service.jobs",),  # data-set jobs: chunks of hooked batches on the data plane, persisted
     ("service.api", "service.grpc", "service.torchserve"),  # the protocol fronts: HTTP, gRPC, TorchServe's APIs
     ("service.main", "service.fronts"),  # the app, and the fronts it serves beside HTTP
-    # entry points: the server, the command line and its start-up checks, retraining the LeNet, the cluster
-    ("service.__main__", "service.zoo.train_lenet", "service.cli", "service.config_check", "service.cluster"),
+    # entry points: the server, the command line and its start-up checks, retraining the LeNet and the ViT, the cluster
+    (
+        "service.__main__",
+        "service.zoo.train_lenet",
+        "service.zoo.train_vit",
+        "service.cli",
+        "service.config_check",
+        "service.cluster",
+    ),
 ]
 RANK = {prefix: rank for rank, prefixes in enumerate(LAYERS) for prefix in prefixes}
 

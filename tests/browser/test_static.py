@@ -76,9 +76,10 @@ def test_static_routes_stay_inside_their_folder(builtin_client: TestClient, path
     assert builtin_client.get(path).status_code == 404
 
 
-def test_samples_are_listed_for_the_zoo_lenet_only(builtin_client: TestClient) -> None:
+def test_samples_are_listed_for_the_zoo_digit_models_only(builtin_client: TestClient) -> None:
     samples = builtin_client.get("/ui/samples").json()
-    assert list(samples) == ["lenet"]
+    assert list(samples) == ["lenet", "vit_digits"]
+    assert samples["vit_digits"] == samples["lenet"]
     assert [s["label"] for s in samples["lenet"]] == [str(d) for d in range(10)]
     assert builtin_client.get("/" + samples["lenet"][3]["url"]).content.startswith(b"\x89PNG")
 

@@ -132,7 +132,7 @@ def test_layers_summary_models_and_inspect(hookserve: Hookserve, url: str) -> No
     assert "Total params: 62,006" in hookserve("summary", "lenet", "--depth", "1").out
     assert json.loads(hookserve("summary", "lenet", "--json").out)["total_params"] == 62006
     models = hookserve("models").out.splitlines()
-    assert [line.split()[:2] for line in models[2:]] == [["lenet", "ready"], ["slow", "ready"]]
+    assert [line.split()[:2] for line in models[2:]] == [["lenet", "ready"], ["slow", "ready"], ["vit_digits", "ready"]]
     detail = hookserve("models", "lenet")
     assert "LeNet(" in detail.out
     inspected = hookserve("inspect", weights_path(), "--compare-to", "lenet")
@@ -184,7 +184,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for command in ("serve", "check", "models", "predict", "activations", "saliency", "layers", "summary", "inspect"):
+    for command in ("serve", "check", "models", "predict", "activations", "saliency", "attention", "layers", "inspect"):
         assert command in text
     assert "features" in text
 
@@ -194,3 +194,31 @@ def test_the_hookserve_script_is_the_cli() -> None:
     assert project["scripts"]["hookserve"] == "service.cli.main:main"
     assert any(dep.startswith("httpx") for dep in project["dependencies"])
     assert any(dep.startswith("tqdm") for dep in project["dependencies"])
+
+
+def test_attention_table_png_and_arrays(hookserve: Hookserve, url: str, tmp_path: Path) -> None:
+    table = hookserve("attention", "vit_digits", DIGIT_7, "-b", "blocks.3", "--heads", "0,1", "--top", "2")
+    assert table.status == 0, table.err
+    lines = table.out.splitlines()
+    assert lines[0].split() == ["input", "block", "head", "query", "most", "attended", "(probability)"]
+    assert len(lines) == 2 + 2  # a row per head
+    assert "blocks.3.attn" in lines[2]
+    assert " cls " in lines[2]
+    png = hookserve("attention", "vit_digits", DIGIT_7, "-b", "blocks.0,blocks.1", "-o", tmp_path / "maps.png")
+    assert png.status == 0, png.err
+    with Image.open(tmp_path / "maps.png") as image:
+        assert image.size == (4 * 128 + 6, 2 * 128 + 2)
+    arrays = hookserve("attention", "vit_digits", DIGIT_7, DIGIT_3, "-q", "all", "-o", tmp_path / "maps.safetensors")
+    assert arrays.status == 0, arrays.err
+    assert load_file(tmp_path / "maps.safetensors")["blocks.2.attn"].shape == (2, 4, 65, 65)
+    as_json = json.loads(hookserve("attention", "vit_digits", DIGIT_7, "-b", "blocks.0", "--json").out)
+    assert as_json["query_names"] == ["cls"]
+    refused = hookserve("attention", "lenet", DIGIT_7)
+    assert refused.status == 1
+    assert "lenet has no attention modules" in refused.err
+
+
+def test_activations_keep_a_vision_transformers_tokens(hookserve: Hookserve, url: str) -> None:
+    found = hookserve("activations", "vit_digits", DIGIT_7, "-l", "blocks.1", "--tokens", "0,5", "--json")
+    assert found.status == 0, found.err
+    assert json.loads(found.out)["stats"]["blocks.1"]["output"]["shape"] == [1, 2, 64]

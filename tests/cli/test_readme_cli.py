@@ -47,6 +47,7 @@ def test_the_readme_shows_every_command() -> None:
         "summary",
         "inspect",
         "features",
+        "attention",
     }
 
 
@@ -61,8 +62,16 @@ def test_readme_command_succeeds(live: LiveServer, workdir: Path, line: str) -> 
     assert done.stdout.strip()
 
 
-def test_the_client_example_prints_what_the_readme_says(live: LiveServer) -> None:
-    (block,) = [b for b in readme_blocks("python") if "service.client" in b]
+def client_examples() -> list[str]:
+    return [block for block in readme_blocks("python") if "service.client" in block]
+
+
+def test_the_readme_has_client_examples() -> None:
+    assert len(client_examples()) >= 2  # the CNN one and the vision transformer one
+
+
+@pytest.mark.parametrize("block", client_examples())
+def test_the_client_example_prints_what_the_readme_says(live: LiveServer, block: str) -> None:
     code = block.replace("http://127.0.0.1:8000", live.base_url)
     expected = [line.removeprefix("# ") for line in code.splitlines() if line.startswith("# ")]
     done = subprocess.run(

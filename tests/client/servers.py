@@ -1,7 +1,7 @@
 """Live servers for the client and command-line tests: a real `python -m service` on loopback.
 
-`serve_lenet` serves the shipped LeNet (as a user's config would) beside the reliability
-tests' `slow` model, with an admin token and a small `max_inputs`, so that every error
+`serve_lenet` serves the shipped LeNet and digits ViT (as a user's config would) beside the
+reliability tests' `slow` model, with an admin token and a small `max_inputs`, so that every error
 status a client maps can be provoked. `held_out_digits` writes the 360 held-out digits of
 scikit-learn's data set (the split `service.zoo.train_lenet` trains with) as PNG files.
 """
@@ -17,6 +17,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from tests.conftest import write_lenet
+from tests.helpers.vit import write_vit
 from tests.reliability.live_server import LiveServer, write_slow
 
 TOKEN = "client-test-token"
@@ -25,8 +26,11 @@ HELD_OUT = 360  # the last 360 digits (train_lenet.TRAIN_SIZE = 1437 of 1797)
 
 
 def serve_lenet(model_dir: Path, **env: str) -> LiveServer:
-    """An unstarted LiveServer over lenet and slow; use it as a context manager."""
-    config = write_lenet(model_dir) + write_slow(model_dir)
+    """An unstarted LiveServer over lenet, vit_digits (named as the built-in, so the README's lines run) and slow;
+    use it as a context manager."""
+    config = (
+        write_lenet(model_dir) + write_slow(model_dir) + write_vit(model_dir, "vit_digits", labels="digits_labels.txt")
+    )
     settings = {"HOOKSERVE_ADMIN_TOKEN": TOKEN, "HOOKSERVE_MAX_INPUTS": str(MAX_INPUTS), **env}
     return LiveServer(model_dir, config, env=settings)
 

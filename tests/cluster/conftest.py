@@ -1,7 +1,9 @@
 """One local Ray cluster for every Ray test (this package), on loopback, always shut down; and helpers.
 
 `ray.init(num_cpus=2, include_dashboard=False)` on 127.0.0.1 with free ports, Ray's files in
-a short temp dir that is removed afterwards, token auth off (Ray 2.60 turns it on).
+a short temp dir that is removed afterwards, token auth off (Ray 2.60 turns it on). Serve's
+HTTP proxy runs too, for the application Ray's own tooling deploys (`service.cluster.app:build`);
+`python -m service.cluster` serves its own front on a port of its own.
 The cluster starts only when a test asks for `ray_cluster`: the other tests here need no Ray.
 """
 
@@ -40,8 +42,8 @@ class RayCluster:
     """Where the session's Ray cluster listens."""
 
     url: str  # Serve's HTTP proxy: http://127.0.0.1:PORT
-    port: int
-    grpc_port: int  # Serve's gRPC proxy, serving inference.GRPCInferenceService
+    port: int  # its port
+    grpc_port: int  # Serve's gRPC proxy, serving inference.GRPCInferenceService to the router deployment
     metrics_url: str  # Ray's metrics export of the node
     address: str  # the GCS address, for `python -m service.cluster --address`
     temp_dir: Path
@@ -138,14 +140,28 @@ def running_replicas(app: str, deployment: str) -> int:
 
 
 class ClusterProcess:
-    """`python -m service.cluster --address <session cluster> ...` as a subprocess, log kept in a file."""
+    """`python -m service.cluster ...` as a subprocess on a port of its own, log kept.
 
-    def __init__(self, cluster: RayCluster, workdir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    With a `cluster`, it deploys onto the session's Ray cluster (`--address`); without one, it starts
+    its own local Ray as a user's command would: Ray's defaults (token auth on), no `RAY_*` or
+    `HOOKSERVE_*` of this process, `HOME` as given in `env`.
+    """
+
+    def __init__(
+        self, cluster: RayCluster | None, workdir: Path, args: list[str], env: dict[str, str] | None = None
+    ) -> None:
         self.cluster = cluster
-        self.log_path = workdir / "cluster.log"
-        self.args = [sys.executable, "-m", "service.cluster", "--address", cluster.address, *args]
-        self.args += ["--host", "127.0.0.1", "--port", str(cluster.port)]
-        self.env = {**os.environ, **LOCAL_RAY_ENV, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+        self.port, self.grpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / f"cluster-{self.port}.log"
+        address = ["--address", cluster.address] if cluster is not None else []
+        self.args = [sys.executable, "-m", "service.cluster", *address, *args]
+        self.args += ["--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
+        if cluster is not None:
+            base = {**os.environ, **LOCAL_RAY_ENV}
+        else:
+            base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HOOKSERVE_"))}
+        self.env = {**base, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 240.0) -> ClusterProcess:
@@ -159,12 +175,16 @@ class ClusterProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"python -m service.cluster exited with {self.process.returncode}:\n{self.log()}")
             try:
-                return httpx.get(f"{self.cluster.url}/readyz", timeout=10).status_code == 200
+                return httpx.get(f"{self.url}/readyz", timeout=10).status_code == 200
             except httpx.TransportError:
                 return False
 
         wait_for(ready, timeout, f"python -m service.cluster ready; log:\n{self.log()}", poll=0.25)
         return self
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM and wait; SIGKILL only if it does not exit in time. The exit code."""

@@ -28,10 +28,11 @@ def blocks(text: str, language: str) -> list[str]:
 def test_every_flag_in_the_docs_exists(text: str) -> None:
     flags = set(re.findall(r"(--[a-z][a-z-]+)", text))
     others = {"--head", "--metrics-export-port", "--build-arg"}  # ray start's and docker build's
-    others |= {"--duration", "--requests", "--idle-wait", "--quick"}  # python -m bench.cluster's
-    values = {"--group": "a=b", "--layout": "sharded"}
+    others |= {"--duration", "--requests", "--idle-wait", "--quick", "--write-docs", "--json"}  # bench.cluster
+    argv = {"--group": ["a=b"], "--layout": ["sharded"], "--attach": ["--address", "auto"]}
     for flag in sorted(flags - others):  # an unknown flag makes argparse exit, failing the test
-        assert parse_args([flag, values.get(flag, "1")]), f"{flag} is not a flag of python -m service.cluster"
+        args = [flag, *argv.get(flag, ["1"])]
+        assert parse_args(args), f"{flag} is not a flag of python -m service.cluster"
 
 
 def test_every_env_name_in_the_docs_is_a_setting(text: str) -> None:

@@ -11,6 +11,7 @@ from tests.reliability.live_server import REPO_ROOT
 CHECK = """
 import sys
 import service.main, service.__main__, service.cluster.config, service.cluster.plan, service.cluster.router
+import service.cluster.front, service.cluster.local_ray, service.cluster.__main__
 service.main.create_app()
 loaded = sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))
 assert not loaded, loaded

@@ -5,9 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from service.cluster.app import make_plan
 from service.cluster.config import load_cluster_config
-from service.cluster.plan import build_plan
+from service.cluster.plan import REPLICA_ENV, build_plan, make_plan
 from service.config import Settings
 from service.specs.model import ModelSpec, Source, parse_specs
 
@@ -27,14 +26,16 @@ def sharded(**overrides: object) -> dict[str, object]:
 
 
 def test_max_ongoing_requests_follows_max_queue_so_serve_queues_instead_of_replicas_refusing() -> None:
-    settings = Settings(max_queue=17)
+    settings = Settings(max_queue=70)
     plan = build_plan(load_cluster_config(None, {}, sharded()), SPECS, settings)
     for group in plan.groups:
-        assert group.options["max_ongoing_requests"] == 17
-        assert group.options["max_queued_requests"] == 17
-    # the router holds what every group's replicas can take at most: 17 x (2 + 4)
-    assert plan.router_options["max_ongoing_requests"] == 102
-    assert plan.router_options["ray_actor_options"] == {"num_cpus": 0}
+        assert group.options["max_ongoing_requests"] == 70
+        assert group.options["max_queued_requests"] == 70
+    # the router deployment (two replicas by default) holds what every group's replicas take: 70 x (2 + 4) / 2
+    assert plan.router_options["num_replicas"] == 2
+    assert plan.router_options["max_ongoing_requests"] == 210
+    assert plan.router_options["ray_actor_options"]["num_cpus"] == 0
+    assert plan.cluster.no_replica_wait_s == 5.0
 
 
 def test_replicas_autoscaling_and_fractional_gpus_per_group() -> None:
@@ -42,12 +43,15 @@ def test_replicas_autoscaling_and_fractional_gpus_per_group() -> None:
     cpu, gpu = plan.groups
     assert (cpu.deployment, cpu.models) == ("group-cpu", ("lenet",))
     assert cpu.options["num_replicas"] == 2
-    assert cpu.options["ray_actor_options"] == {"num_cpus": 1.5}
+    assert cpu.options["ray_actor_options"] == {"num_cpus": 1.5, "runtime_env": {"env_vars": REPLICA_ENV}}
     assert "autoscaling_config" not in cpu.options
     assert gpu.models == ("resnet18", "vit")  # in the TOML's order
     assert gpu.options["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4}
     assert "num_replicas" not in gpu.options
-    assert gpu.options["ray_actor_options"] == {"num_cpus": 1.5, "num_gpus": 0.5}
+    assert {k: v for k, v in gpu.options["ray_actor_options"].items() if k != "runtime_env"} == {
+        "num_cpus": 1.5,
+        "num_gpus": 0.5,
+    }
     assert plan.model_order == ("lenet", "resnet18", "vit")
 
 
@@ -88,7 +92,8 @@ def test_the_replicated_layout_serves_the_built_in_registry_without_a_toml() -> 
     (group,) = plan.groups
     assert (group.name, group.models, group.specs_toml) == ("models", (), None)
     assert group.options["num_replicas"] == 1
-    assert group.options["ray_actor_options"] == {"num_cpus": 1.0}
+    assert group.options["ray_actor_options"]["num_cpus"] == 1.0
+    assert "num_gpus" not in group.options["ray_actor_options"]
 
 
 def test_groups_from_flags_mean_sharded(tmp_path: Path) -> None:

@@ -64,12 +64,14 @@ def test_each_request_goes_to_its_models_group() -> None:
     assert client.get("/models/resnet18/layers").json()["group"] == "vision"
     assert client.post("/v2/models/lenet/infer", content=b"{}").json()["group"] == "digits"
     assert client.post("/predict", json={"inputs": []}).json()["group"] == "digits"  # no model: any group says why
-    unknown = client.post("/predict", json={"model": "nope"})
-    assert unknown.status_code == 404
-    assert unknown.json() == {"detail": "no model named 'nope'; GET /models lists them"}
-    assert client.post("/v2/models/nope/infer", content=b"{}").json() == {
-        "error": "no model named 'nope'; GET /models lists them"
-    }
+    assert client.post("/predict", content=b'{"model": "vit"}', headers={"content-type": "text/plain"}).json() == {
+        "group": "vision",
+        "path": "/predict",
+        "body": 16,
+    }  # a JSON body whatever its type says, as the app reads it
+    # a model no group serves: the first group's app answers as one process would (404, or 422 for the body)
+    assert client.post("/predict", json={"model": "nope"}).json()["group"] == "digits"
+    assert client.post("/v2/models/nope/infer", content=b"{}").json()["group"] == "digits"
 
 
 def test_one_group_gets_everything_unparsed() -> None:
@@ -215,3 +217,40 @@ def test_a_client_gone_before_its_body_arrived_is_not_forwarded() -> None:
     asyncio.run(app(scope, receive, send))
     assert fake.calls == []
     assert sent == []
+
+
+def test_a_client_that_leaves_while_its_request_runs_cancels_the_call() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def send(group: str, request: ForwardRequest) -> ForwardResponse:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("not cancelled")
+
+    app = RouterApp(GROUPS, send, RouterSettings(admin_token=None, max_body_bytes=100, max_upload_bytes=100))
+    sent: list[Message] = []
+
+    async def scenario() -> None:
+        body_sent = False
+
+        async def receive() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": b'{"model": "lenet"}', "more_body": False}
+            await started.wait()
+            return {"type": "http.disconnect"}
+
+        async def record(message: Message) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [], "query_string": b""}
+        await asyncio.wait_for(app(scope, receive, record), 10)
+
+    asyncio.run(scenario())
+    assert cancelled.is_set()
+    assert sent == []  # nobody to answer

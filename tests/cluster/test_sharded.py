@@ -35,7 +35,7 @@ from tests.conftest import sample_png, write_lenet
 from tests.reliability.live_server import slow_input, write_slow
 
 APP = "sharded"
-GRACE_S = 20
+GRACE_S = 4
 CLUSTER_TABLE = f"""
 [cluster]
 layout = "sharded"
@@ -78,7 +78,7 @@ def sharded(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -
     ref = reference_client(model_dir, config)
     try:
         process.start()
-        yield Sharded(ray_cluster.url, ray_cluster.port, ref, process)
+        yield Sharded(process.url, process.port, ref, process)
     finally:
         ref.__exit__(None, None, None)
         process.stop()
@@ -141,20 +141,26 @@ def test_routing_by_path_query_json_and_multipart(
     assert replica_of(response).startswith(f"{group}#")
 
 
-def test_unknown_models_and_bad_bodies_are_4xx(sharded: Sharded) -> None:
-    url = sharded.url
-    unknown = httpx.post(f"{url}/predict", json={"model": "nope", "inputs": []})
-    assert unknown.status_code == 404
-    assert "nope" in unknown.json()["detail"]
-    assert httpx.get(f"{url}/models/nope").status_code == 404
-    v2 = httpx.post(f"{url}/v2/models/nope/infer", content=b"{}")
-    assert v2.status_code == 404
-    assert "error" in v2.json()
-    assert httpx.post(f"{url}/predict", json={"inputs": []}).status_code == 422  # no model: any group says why
-    bad = httpx.post(f"{url}/predict", content=b"{oops", headers={"Content-Type": "application/json"})
-    assert bad.status_code == 400
-    form = httpx.post(f"{url}/predict", files={"image": ("d.png", sample_png(1), "image/png")})
-    assert form.status_code == 422
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs"),
+    [
+        ("POST", "/predict", {"json": {"model": "nope", "inputs": []}}),
+        ("POST", "/predict", {"json": {"model": "nope", "inputs": [slow_input()]}}),
+        ("GET", "/models/nope", {}),
+        ("POST", "/v2/models/nope/infer", {"content": b"{}"}),
+        ("POST", "/predict", {"json": {"inputs": []}}),
+        ("POST", "/predict", {"content": b"{oops", "headers": {"Content-Type": "application/json"}}),
+        ("POST", "/predict", {"files": {"image": ("d.png", sample_png(1), "image/png")}}),
+        ("POST", "/predict", {"content": b'{"model": "lenet2"}', "headers": {"Content-Type": "text/plain"}}),
+    ],
+)
+def test_unknown_models_and_bad_bodies_are_answered_as_one_process_does(
+    sharded: Sharded, method: str, path: str, kwargs: dict[str, Any]
+) -> None:
+    got = httpx.request(method, f"{sharded.url}{path}", timeout=60, **kwargs)
+    want = sharded.ref.request(method, path, **kwargs)
+    assert 400 <= got.status_code < 500, got.text
+    assert (got.status_code, got.json()) == (want.status_code, want.json())
 
 
 def test_the_model_list_and_readiness_cover_every_group(sharded: Sharded) -> None:
@@ -179,45 +185,76 @@ def test_the_model_list_and_readiness_cover_every_group(sharded: Sharded) -> Non
 
 def test_groups_are_separate_deployments_with_fractional_cpus(sharded: Sharded) -> None:
     import ray
+    from ray import serve
 
     assert running_replicas(APP, DIGITS) == 1
     assert running_replicas(APP, MORE) == 1
-    assert running_replicas(APP, "router") == 1
-    # two replicas of half a CPU each, the router none: one of the two CPUs is left
+    assert "router" not in serve.status().applications[APP].deployments  # the command's front routes
+    # two replicas of half a CPU each: one of the two CPUs is left
     wait_for(lambda: ray.available_resources().get("CPU") == 1.0, 60, "1 CPU left after two half-CPU replicas")
 
 
-def test_sigterm_drains_the_request_in_flight_then_exits_0(sharded: Sharded) -> None:
-    """Runs last in this module: it stops the deployment."""
+def test_another_front_attached_to_the_deployment_serves_it_and_leaves_it_running(sharded: Sharded) -> None:
+    """`--attach`: a second front (e.g. on another node, behind one load balancer) routes to the same replicas;
+    stopping it leaves the application and the first front serving."""
     from ray import serve
 
-    body = {"model": "slow", "inputs": [slow_input(3.0, fill=0.5)], "layers": ["body"]}
-    result: dict[str, Any] = {}
+    config = sharded.process.args[sharded.process.args.index("--config") + 1]
+    workdir = sharded.process.log_path.parent
+    second = ClusterProcess(sharded.process.cluster, workdir, ["--attach", "--config", config]).start()
+    try:
+        assert second.port != sharded.port
+        response = httpx.post(f"{second.url}/predict", json=tensor_body("lenet2", digits(1, seed=9)), timeout=60)
+        assert response.status_code == 200, response.text
+        assert replica_of(response).startswith(f"{MORE}#")
+    finally:
+        assert second.stop() == 0, second.log()
+    assert APP in serve.status().applications
+    assert httpx.get(f"{sharded.url}/readyz", timeout=30).status_code == 200
 
-    def call() -> None:
-        try:
-            result["response"] = httpx.post(f"{sharded.url}/activations", json=body, timeout=120)
-        except httpx.TransportError as exc:
-            result["error"] = exc
 
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
+def test_sigterm_drains_then_answers_what_outlasts_the_grace_period_503_and_exits_0(sharded: Sharded) -> None:
+    """Runs last in this module: it stops the deployment. A request that finishes within the grace period is
+    answered 200; one still running when it ends gets the JSON 503 with Retry-After one process gives."""
+    from ray import serve
+
+    results: dict[str, Any] = {}
+
+    def call(name: str, seconds: float) -> threading.Thread:
+        body = {"model": "slow", "inputs": [slow_input(seconds, fill=0.5)], "layers": ["body"]}
+
+        def run() -> None:
+            try:
+                results[name] = httpx.post(f"{sharded.url}/activations", json=body, timeout=120)
+            except httpx.TransportError as exc:
+                results[name] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    short = call("short", 2.0)
     wait_for(
         lambda: httpx.get(f"{sharded.url}/models/slow", timeout=10).json()["hooks"] > 0, 60, "the slow job running"
     )
+    long = call("long", 120.0)  # queued behind the short one in the replica, then runs past the grace period
+    time.sleep(0.5)  # it has reached the front
     process = sharded.process.process
     assert process is not None
-    signalled = time.monotonic()
     process.send_signal(signal.SIGTERM)
-    code = process.wait(GRACE_S + 60)
-    elapsed = time.monotonic() - signalled
-    thread.join(60)
+    code = process.wait(GRACE_S + 90)
+    short.join(60)
+    long.join(60)
     assert code == 0, sharded.process.log()
-    assert "error" not in result, result
-    response: httpx.Response = result["response"]
-    assert response.status_code == 200, response.text
-    assert response.json()["activations"]["body"]["output"]["shape"] == [1, 3]
-    assert elapsed < GRACE_S + 30, f"took {elapsed:.1f} s"
+    done = results["short"]
+    assert isinstance(done, httpx.Response), done
+    assert done.status_code == 200, done.text
+    assert done.json()["activations"]["body"]["output"]["shape"] == [1, 3]
+    cut = results["long"]
+    assert isinstance(cut, httpx.Response), f"the connection was dropped: {cut!r}"
+    assert cut.status_code == 503, cut.text
+    assert cut.headers["content-type"] == "application/json"
+    assert int(cut.headers["retry-after"]) > 0
+    assert "shutting down" in cut.json()["detail"]
+    assert len(cut.headers.get_list("x-request-id")) == 1
     assert APP not in serve.status().applications
-    after = httpx.post(f"{sharded.url}/predict", json=tensor_body("lenet", digits(1, seed=0)), timeout=30)
-    assert after.status_code in (404, 503)

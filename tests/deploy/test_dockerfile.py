@@ -141,7 +141,11 @@ def test_environment_and_port_are_settings(monkeypatch: pytest.MonkeyPatch) -> N
             monkeypatch.setenv(key, value)
     settings = Settings()
     assert (settings.host, settings.model_dir) == ("0.0.0.0", Path("/models"))
-    assert args_of("EXPOSE") == [str(settings.port)]
+    fronts = (
+        settings.port,
+        *(Settings.model_fields[port].default for port in ("grpc_port", "torchserve_management_port")),
+    )
+    assert args_of("EXPOSE") == [" ".join(map(str, fronts))]  # HTTP, gRPC and TorchServe management
     assert settings.port == Settings.model_fields["port"].default
 
 

@@ -12,6 +12,7 @@ from service.api.openapi import body_with_multipart, error_responses
 from service.codecs.formats import OCTET
 from service.config import Settings
 from service.dataplane.inspection import Activations
+from service.introspection.tokens import token_names
 from service.schemas.activations import ActivationsRequest, ActivationsResponse
 
 router = APIRouter(tags=["introspection"])
@@ -35,6 +36,11 @@ async def activations(request: Request, plane: PlaneDep) -> Response:
 
 
 async def _answer(result: Activations, body: ActivationsRequest, settings: Settings) -> Response:
-    head = {"model": result.model, "predictions": result.predictions}
+    head: dict[str, object] = {"model": result.model, "predictions": result.predictions}
+    if result.tokens is not None and result.layout is not None:
+        names = token_names(result.tokens, result.layout)
+        head["tokens"] = result.layout.describe() | {"indices": result.tokens, "names": names}
     picture = (body.png_layer, body.channels)
-    return await captures_answer(head, result.captured, body.format, settings, filename="activations", picture=picture)
+    return await captures_answer(
+        head, result.captured, body.format, settings, filename="activations", picture=picture, tokens=result.layout
+    )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from service.api.bodies import read_json, validate
+from service.api.bodies import is_multipart, read_json, validate
 from service.api.deps import StateDep
 from service.api.openapi import error_responses, register_schema
 from service.api.responses import json_response
@@ -49,7 +49,7 @@ async def inspect(
     stats: Annotated[bool, Query(description="Add finite statistics to every state-dict entry.")] = False,
 ) -> Response:
     plane = state.plane
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if is_multipart(request.headers.get("content-type")):
         async with received_upload(request, state.uploads) as path:
             result = await plane.inspect_checkpoint(path, compare_to, stats)
     else:

@@ -44,6 +44,7 @@ async def interventions(request: Request, plane: PlaneDep) -> Response:
     "/interventions/sweep",
     response_model=SweepResponse,
     summary="Ablate each channel of a layer in turn (batched) and rank the channels by the target score's change",
+    description="With `over=heads`, the heads of an attention module instead of channels.",
     openapi_extra=body_with_multipart(SweepRequest),
     responses=error_responses(400, 404, 409, 413, 422, 503),
 )
@@ -52,11 +53,11 @@ async def sweep(request: Request, plane: PlaneDep) -> Response:
     set_request_model(request, parsed.body.model)
     found = await plane.sweep(parsed.body, parsed.images)
     result = found.result
+    unit = "head" if found.over == "heads" else "channel"
     effects = [
-        {"channel": channel, "delta": sum(deltas) / len(deltas), "deltas": deltas}
-        for channel, deltas in result.deltas.items()
+        {unit: number, "delta": sum(deltas) / len(deltas), "deltas": deltas} for number, deltas in result.deltas.items()
     ]
-    effects.sort(key=lambda effect: (effect["delta"], effect["channel"]))
+    effects.sort(key=lambda effect: (effect["delta"], effect[unit]))
     answer = {
         "model": found.model,
         "site": found.site,
@@ -64,6 +65,7 @@ async def sweep(request: Request, plane: PlaneDep) -> Response:
         "op": found.op,
         "targets": result.targets,
         "clean_scores": result.clean,
-        "channels": effects,
-    }
+        "over": found.over,
+        "channels": effects if unit == "channel" else [],
+    } | ({"heads": effects} if unit == "head" else {})
     return await json_response(answer, plane.settings)

@@ -70,4 +70,6 @@ def _result(item: SaliencyItem, label: str, encode: Callable[[Any], Any] | None)
         out |= {"attribution": encode(item.attribution), "heatmap": encode(item.heatmap)}
     if item.convergence_delta is not None:
         out["convergence_delta"] = item.convergence_delta
+    if item.tokens is not None:
+        out["tokens"] = item.tokens.describe()
     return out

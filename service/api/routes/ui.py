@@ -1,7 +1,7 @@
 """GET /ui, the inspector page, and its static files; GET / links it with the OpenAPI pages.
 
 The page talks to the public HTTP API only; these routes just hand out files that ship in the
-package (the page's HTML, CSS and JavaScript, and the sample digits for the zoo's LeNet).
+package (the page's HTML, CSS and JavaScript, and the sample digits for the zoo's LeNet and ViT).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from service.zoo.lenet import samples_dir
 
 router = APIRouter(include_in_schema=False)
 
-ZOO_LENET = "service.zoo.lenet:LeNet"  # the architecture the shipped sample digits are for
+ZOO_DIGITS = ("service.zoo.lenet:LeNet", "service.zoo.vit:DigitsViT")  # the models the sample digits are for
 _static = StaticFiles(directory=STATIC_DIR)
 _samples = StaticFiles(directory=samples_dir())
 AssetPath = Annotated[str, Path(description="A file under the page's static folder.")]
@@ -52,12 +52,12 @@ async def static_file(path: AssetPath, request: Request) -> Response:
 
 @router.get("/ui/samples")
 async def samples(plane: PlaneDep) -> dict[str, list[dict[str, str]]]:
-    """Sample images per served model name: the held-out digits for every model that is the zoo's LeNet."""
+    """Sample images per served model name: the held-out digits for every model that is the zoo's LeNet or ViT."""
     digits = [
         {"name": f.stem, "label": f.stem.removeprefix("digit_"), "url": f"ui/samples/{f.name}"}
         for f in sorted(samples_dir().glob("digit_*.png"))
     ]
-    models = [m.name for m in plane.models() if m.architecture == ZOO_LENET]
+    models = [m.name for m in plane.models() if m.architecture in ZOO_DIGITS]
     return dict.fromkeys(models, digits)
 
 

@@ -23,6 +23,8 @@ from service.introspection.attribution import gradient_shap  # noqa: F401
 from service.introspection.attribution import layer_conductance  # noqa: F401
 from service.introspection.attribution import layer_integrated_gradients  # noqa: F401
 from service.introspection.attribution import neuron_gradient  # noqa: F401
+from service.introspection.attribution import attention_rollout  # noqa: F401
+from service.introspection.attribution import gradient_weighted_attention  # noqa: F401
 
 # isort: on
 from service.introspection.attribution.base import (

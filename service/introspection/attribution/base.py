@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from service.config import Settings
 from service.errors import InvalidField
+from service.introspection.tokens import TokenLayout
 
 
 class MethodParams(BaseModel):
@@ -42,6 +43,7 @@ class SaliencyItem:
     attribution: Tensor
     heatmap: Tensor
     convergence_delta: float | None = None
+    tokens: TokenLayout | None = None  # the map is over the patch grid of these tokens (prefix tokens left out)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Attributions:
 
     rows: Tensor
     deltas: list[float] | None = None
+    tokens: TokenLayout | None = None  # the rows were made from a token layer's patch tokens on this grid
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class AttributionMethod(Generic[P]):
     name: ClassVar[str]
     params: ClassVar[type[MethodParams]]
     title: ClassVar[str]  # for the OpenAPI page: the method and its paper
+    over_tokens: ClassVar[bool] = False  # the map is over a vision transformer's patch grid by design
+
+    def check_model(self, params: P, model: nn.Module, name: str) -> None:
+        """Refuse a model the method cannot explain (a 422 naming why), before any work (nothing by default)."""
 
     def check_limits(self, params: P, settings: Settings) -> None:
         """Refuse parameters over a configured limit, before any work (nothing to check by default)."""

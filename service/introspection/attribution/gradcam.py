@@ -19,6 +19,12 @@ from service.introspection.attribution.base import AttributionMethod, MethodPara
 from service.introspection.layers import last_conv2d, resolve_layers
 
 
+def gradcam_map(act: Tensor, grad: Tensor) -> Tensor:
+    """`[N, 1, h, w]`: ReLU of the channels of `act` `[N, C, h, w]` weighted by their spatially averaged gradients."""
+    weights = grad.mean(dim=(2, 3), keepdim=True)
+    return F.relu((weights * act).sum(dim=1, keepdim=True))
+
+
 class GradCamParams(MethodParams):
     method: Literal["gradcam"] = "gradcam"
     layer: str | None = Field(None, description="gradcam: the layer (default the last Conv2d).")
@@ -62,8 +68,7 @@ class GradCam(AttributionMethod[GradCamParams]):
                 f"gradcam needs a layer with one spatial output [N, C, h, w] on an image input; {where} gives "
                 f"maps of shape {shape}"
             )
-        weights = grad.mean(dim=(2, 3), keepdim=True)
-        return F.relu((weights * act).sum(dim=1, keepdim=True))
+        return gradcam_map(act, grad)
 
     def attribution_row(self, row: Tensor) -> Tensor:
         return row[0]

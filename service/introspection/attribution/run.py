@@ -20,6 +20,7 @@ from service.introspection.attribution.base import (
 )
 from service.introspection.gradients import INPUT_KEY, layer_gradients
 from service.introspection.targets import class_scores, target_scores
+from service.introspection.tokens import TokenLayout, is_token_row, patch_grid, row_grid, token_layout
 
 
 def attribute_batch(
@@ -48,6 +49,8 @@ def attribute_batch(
         return targets
 
     deltas: list[Any] = [None] * n
+    layout = token_layout(model, tuple(x.shape[1:]))
+    on_grid = method.over_tokens
     with torch.inference_mode(False):
         source = method.graph_from(params[0], model)
         if source is not None:
@@ -56,7 +59,12 @@ def attribute_batch(
             )
             keys = [INPUT_KEY] if source == INPUT else found.keys[source]
             kept = [found.kept[key] for key in keys]
-            rows = method.from_graph(kept, [found.gradients[key] for key in keys], params[0], x).detach()
+            grads = [found.gradients[key] for key in keys]
+            if source != INPUT and _token_outputs(kept, layout):
+                assert layout is not None
+                kept, grads = [patch_grid(t, layout) for t in kept], [patch_grid(g, layout) for g in grads]
+                on_grid = True
+            rows = method.from_graph(kept, grads, params[0], x).detach()
             logits, targets = found.logits, found.targets
         else:
             with torch.no_grad():
@@ -67,16 +75,27 @@ def attribute_batch(
                 attributions = method.attribute(model, inputs, targets, params, AttributionContext(settings, logits))
             rows = attributions.rows.detach()
             deltas = list(attributions.deltas) if attributions.deltas is not None else deltas
+            on_grid = on_grid or attributions.tokens is not None
     scores = target_scores(logits, targets).float().tolist()
     probabilities = target_scores(logits.float().softmax(dim=1), targets).tolist()
     items = []
     for i in range(n):
         row = rows[i]
-        heatmap = _minmax(method.heatmap(row, x))
+        tokens = on_grid or (x.dim() == 4 and is_token_row(row, layout))
+        drawn = row_grid(row, layout) if tokens and not on_grid and layout is not None else row
+        heatmap = _minmax(method.heatmap(drawn, x))
+        attribution = method.attribution_row(row)
         items.append(
-            SaliencyItem(targets[i], scores[i], probabilities[i], method.attribution_row(row), heatmap, deltas[i])
+            SaliencyItem(
+                targets[i], scores[i], probabilities[i], attribution, heatmap, deltas[i], layout if tokens else None
+            )
         )
     return items
+
+
+def _token_outputs(kept: Sequence[Tensor], layout: TokenLayout | None) -> bool:
+    """Whether a layer gave one token sequence `[N, T, D]` of the inputs' layout (Grad-CAM reads it as a grid)."""
+    return layout is not None and len(kept) == 1 and kept[0].dim() == 3 and layout.holds(int(kept[0].shape[1]))
 
 
 def compute_saliency(

@@ -20,6 +20,7 @@ from service.errors import InvalidField
 from service.introspection.capture import Captured, capture_by_layer
 from service.introspection.nodes import NodeGraph, capture_nodes
 from service.introspection.tensor_stats import reduce_tensor
+from service.introspection.tokens import TokenLayout, TokenSelection, selected_tokens, take_tokens, token_layout
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
@@ -34,6 +35,7 @@ class CaptureRequest:
     capture: Capture = Capture.output
     reduce: Reduce | None = None
     nodes: tuple[str, ...] = ()  # FX node names; the model's node graph is traced before the request is queued
+    tokens: TokenSelection | None = None  # a vision transformer's tokens to keep (checked before queueing)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class _Pick:
     sites: tuple[str, ...]
     sides: tuple[str, ...]
     reduce: Reduce | None
+    tokens: list[int] | None = None  # indices along dim 1 of token sequences
 
 
 class ActivationsRunner(Runner[CaptureRequest]):
@@ -84,8 +87,17 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
             return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
 
     output, captured, keys = capture_by_layer(model.module, layers, mode, forward)
-    picks = [_Pick(r.layers, _SIDES[r.capture], r.reduce) for r in requests]
-    return _answers(inputs, output, captured, keys, picks)
+    layout = token_layout(model.module, tuple(x.shape[1:]))
+    picks = [
+        _Pick(
+            r.layers,
+            _SIDES[r.capture],
+            r.reduce,
+            selected_tokens(r.tokens, layout) if r.tokens is not None and layout is not None else None,
+        )
+        for r in requests
+    ]
+    return _answers(inputs, output, captured, keys, picks, layout)
 
 
 def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:
@@ -101,10 +113,16 @@ def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequ
     return _answers(inputs, output, captured, keys, picks)
 
 
-def _answers(
-    inputs: Sequence[torch.Tensor], output: Any, captured: Captured, keys: dict[str, list[str]], picks: list[_Pick]
+def _answers(  # noqa: PLR0917
+    inputs: Sequence[torch.Tensor],
+    output: Any,
+    captured: Captured,
+    keys: dict[str, list[str]],
+    picks: list[_Pick],
+    layout: TokenLayout | None = None,
 ) -> list[Any]:
-    """Each request's rows of the model's output and of its own sites' keys and sides, reduced as it asks."""
+    """Each request's rows of the model's output and of its own sites' keys and sides, its tokens of a vision
+    transformer's sequences, reduced as it asks (a token sequence over its tokens: `[N, D]`)."""
     bounds = offsets(inputs)
     total = bounds[-1][1]
     single = len(inputs) == 1
@@ -118,8 +136,11 @@ def _answers(
             if site_of[key] not in mine:
                 continue
             picked = {side: t if single else rows(t, span, total) for side, t in found.items() if side in pick.sides}
+            sequences = {side: is_sequence(t, layout) for side, t in picked.items()}
+            if pick.tokens is not None and layout is not None:
+                picked = {side: take_tokens(t, pick.tokens, layout, repr(key)) for side, t in picked.items()}
             if picked:
-                own[key] = {side: reduce_tensor(t, pick.reduce) for side, t in picked.items()}
+                own[key] = {side: reduce_sequence(t, pick.reduce, sequences[side]) for side, t in picked.items()}
         answers.append(CaptureResult(own, out))
     return answers
 
@@ -130,6 +151,18 @@ def _merged(layers: CaptureResult, nodes: CaptureResult) -> CaptureResult | Inva
     if both:
         return InvalidField(f"{', '.join(repr(k) for k in both)}: captured by both a layer and a node; ask for it once")
     return CaptureResult(layers.captured | nodes.captured, layers.output)
+
+
+def is_sequence(t: torch.Tensor, layout: TokenLayout | None) -> bool:
+    """Whether `t` is a vision transformer's token sequence `[N, T, D]` of the inputs' layout."""
+    return layout is not None and t.ndim == 3 and layout.holds(int(t.shape[1]))
+
+
+def reduce_sequence(t: torch.Tensor, reduce: Reduce | None, sequence: bool) -> torch.Tensor:
+    """`reduce_tensor`, except that mean and max of a token sequence `[N, T, D]` go over the tokens: `[N, D]`."""
+    if sequence and reduce in (Reduce.mean, Reduce.max):
+        return reduce_tensor(t.transpose(1, 2), reduce)
+    return reduce_tensor(t, reduce)
 
 
 ACTIVATIONS = ActivationsRunner()

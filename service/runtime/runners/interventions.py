@@ -88,8 +88,9 @@ def _intervene(
             start += int(donor.shape[0])
     reference = to_device(torch.cat([concatenated(inputs), *donors]) if donors else concatenated(inputs), model)
     read = sorted({e.site for r in requests for e in r.edits if _reads_reference(e)})
+    read_sides = {e.side for r in requests for e in r.edits if _reads_reference(e)}
     forward = _NodeForward(model) if at_nodes else _ModuleForward(model)
-    ref_output, seen = forward.reference(reference, read)
+    ref_output, seen = forward.reference(reference, read, Capture.both if "input" in read_sides else Capture.output)
     ref = _Reference(seen, start, spans)
     row_edits = [
         RowEdits(a, b, request.edits, donors=ref.donors_of(i), means=ref.means_of((a, b)))
@@ -129,8 +130,8 @@ class _ModuleForward:
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
 
-    def reference(self, x: Tensor, read: Sequence[str]) -> tuple[Any, Captured]:
-        output, seen, _ = capture_by_layer(self.model.module, read, Capture.output, lambda: self._forward(x))
+    def reference(self, x: Tensor, read: Sequence[str], mode: Capture) -> tuple[Any, Captured]:
+        output, seen, _ = capture_by_layer(self.model.module, read, mode, lambda: self._forward(x))
         return output, seen
 
     def edited(
@@ -161,7 +162,7 @@ class _NodeForward:
         self.model = model
         self.graph = graph
 
-    def reference(self, x: Tensor, read: Sequence[str]) -> tuple[Any, Captured]:
+    def reference(self, x: Tensor, read: Sequence[str], mode: Capture) -> tuple[Any, Captured]:
         with torch.inference_mode(), foreign_shape_errors(self.model, x):
             output, seen, _ = capture_nodes(self.graph, read, x)
         return output, seen
@@ -204,21 +205,21 @@ class _Reference:
     total: int
     spans: dict[tuple[int, str], tuple[int, int]]  # (request, source) -> its donor rows
 
-    def at(self, key: str, span: tuple[int, int], what: str) -> Tensor:
-        found = self.seen.get(key, {}).get("output")
+    def at(self, key: str, span: tuple[int, int], what: str, side: str) -> Tensor:
+        found = self.seen.get(key, {}).get(side)
         if found is None:
             raise InvalidField(f"{what} never reached {key!r}, so it has nothing to give there")
         return rows(found, span, self.total)
 
     def donors_of(self, request: int) -> Donors:
-        def donor(source: str, site: str, call: int) -> Tensor:
-            return self.at(site_key(site, call), self.spans[(request, source)], f"source {source!r}")
+        def donor(source: str, site: str, call: int, side: str) -> Tensor:
+            return self.at(site_key(site, call), self.spans[(request, source)], f"source {source!r}", side)
 
         return donor
 
     def means_of(self, span: tuple[int, int]) -> Means:
-        def clean(site: str, call: int) -> Tensor:
-            return self.at(site_key(site, call), span, "the clean run")
+        def clean(site: str, call: int, side: str) -> Tensor:
+            return self.at(site_key(site, call), span, "the clean run", side)
 
         return clean
 
@@ -228,16 +229,19 @@ class SweepRequest:
     site: str
     call: int
     op: str  # zero | mean
-    channels: tuple[int, ...]
+    channels: tuple[int, ...]  # the units swept, by their number (a channel, or a head)
     target: TargetSpec
     rows_per_forward: int
+    groups: tuple[tuple[int, ...], ...] | None = None  # each unit's channels (a head's), when not one channel
+    side: str = "output"  # where the channels are: the site's output, or its input (heads where they meet)
+    token_axis: bool = False  # the site gives tokens [N, T, D]: channels are its last dim
 
 
 @dataclass
 class SweepResult:
     targets: list[int]
     clean: list[float]  # each input's target score
-    deltas: dict[int, list[float]]  # channel -> each input's change of its target score
+    deltas: dict[int, list[float]]  # unit (channel or head) -> each input's change of its target score
 
 
 class SweepRunner(Runner[SweepRequest]):
@@ -268,8 +272,8 @@ class SweepRunner(Runner[SweepRequest]):
             chunk = request.channels[start : start + per_forward]
             batch = x.repeat(len(chunk), *([1] * (x.ndim - 1)))
             edits = [
-                RowEdits(j * n, (j + 1) * n, [_ablate(request, channel)], _no_donors, _no_means)
-                for j, channel in enumerate(chunk)
+                RowEdits(j * n, (j + 1) * n, [_ablate(request, start + j)], _no_donors, _no_means)
+                for j in range(len(chunk))
             ]
             hooks = EditHooks(model.module, edits)
             with HookScope(model.module) as scope, torch.inference_mode():
@@ -287,15 +291,20 @@ class SweepRunner(Runner[SweepRequest]):
         return SweepResult(targets, clean.tolist(), deltas)
 
 
-def _ablate(request: SweepRequest, channel: int) -> EditOp:
-    return EditOp(0, request.site, request.call, Selection(channels=(channel,)), request.op)
+def _ablate(request: SweepRequest, position: int) -> EditOp:
+    """The edit that ablates the sweep's `position`-th unit: one channel, or a head's channels."""
+    channels = request.groups[position] if request.groups is not None else (request.channels[position],)
+    selection = Selection(channels=channels)
+    return EditOp(
+        0, request.site, request.call, selection, request.op, side=request.side, token_axis=request.token_axis
+    )
 
 
-def _no_donors(source: str, site: str, call: int) -> Tensor:
+def _no_donors(source: str, site: str, call: int, side: str) -> Tensor:
     raise InvalidField("a sweep has no sources")
 
 
-def _no_means(site: str, call: int) -> Tensor:
+def _no_means(site: str, call: int, side: str) -> Tensor:
     raise InvalidField("a sweep ablates with the spatial mean")
 
 

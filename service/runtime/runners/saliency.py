@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from service.config import Settings
-from service.introspection.attribution import MethodParams, SaliencyItem, method_named
+from service.introspection.attribution import MethodParams, method_named
 from service.introspection.attribution.run import attribute_batch
 from service.introspection.targets import TargetSpec, resolve_targets
 from service.registry.loaded import LoadedModel
@@ -55,8 +55,5 @@ class SaliencyRunner(Runner[SaliencyRequest]):
         ]
         with foreign_shape_errors(model, x):
             items = attribute_batch(model.module, x, params, resolve, self.settings)
-        on_cpu = [
-            SaliencyItem(i.target, i.score, i.probability, i.attribution.cpu(), i.heatmap.cpu(), i.convergence_delta)
-            for i in items
-        ]
+        on_cpu = [replace(item, attribution=item.attribution.cpu(), heatmap=item.heatmap.cpu()) for item in items]
         return [on_cpu[start:stop] for start, stop in bounds]

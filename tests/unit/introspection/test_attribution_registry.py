@@ -37,6 +37,8 @@ def test_the_methods_in_their_listed_order() -> None:
         "layer_conductance",
         "layer_integrated_gradients",
         "neuron_gradient",
+        "attention_rollout",
+        "gradient_weighted_attention",
     ]
 
 

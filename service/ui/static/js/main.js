@@ -1,7 +1,8 @@
 // The inspector: wires the panels to the public API and keeps the view (model, sample, layer,
-// filter, methods, target) in the URL.
+// filter, methods, target, attention block, head and query) in the URL.
 
 import { ApiError, Slot, getJSON, isAbort, postJSON } from "./api.js";
+import { AttentionPanel } from "./attention.js";
 import { renderOptimizer, renderStateDict, renderSummary } from "./card.js";
 import { Busy, clearError, el, formatNumber, formatShape, showError } from "./dom.js";
 import { bytesToBase64, drawModelView, forgetUpload, fromFile, fromUrl, restoreUpload } from "./image.js";
@@ -48,6 +49,7 @@ class Inspector {
       new SaliencyPane($("#pane-b"), "b", "Right", app, (m) => writeState({ method2: m })),
     ];
     this.interventions = null;
+    this.attention = new AttentionPanel($("#attention-panel"), new Busy($("#attention-panel")), app, this.state);
   }
 
   current() {
@@ -123,6 +125,7 @@ class Inspector {
       clearError(this.targetError);
       writeState({ target: $("#target").value });
       for (const pane of this.panes) pane.run();
+      this.attention.runRelevance();
     });
     const opacity = $("#opacity");
     const setOpacity = () => $("#saliency-panel").style.setProperty("--heat-opacity", String(opacity.value / 100));
@@ -153,6 +156,7 @@ class Inspector {
     const option = [...$("#model").options].find((o) => o.value === name);
     if (option) option.textContent = name; // it may have been listed as "(loading)"
     this.renderInfo(info);
+    this.attention.setModel(info);
     this.renderSamples();
     this.predictions = null;
     this.resetTargets();
@@ -361,10 +365,12 @@ class Inspector {
     if (this.tree.selected !== null) this.selectLayer(this.tree.selected, false);
     if (!this.input) {
       for (const pane of this.panes) pane.clear();
+      this.attention.clear();
       return;
     }
     this.predict();
     for (const pane of this.panes) pane.run();
+    this.attention.run();
   }
 
   /** Where an API error belongs: the image (400, 413), the model (404, 409), else `fallback`. */

@@ -1,6 +1,7 @@
-// The view in the URL (model, sample, layer, filter, methods, target), so a link restores it.
+// The view in the URL (model, sample, layer, filter, methods, target, attention block, head and query), so a
+// link restores it.
 
-const KEYS = ["model", "sample", "layer", "filter", "method", "method2", "target"];
+const KEYS = ["model", "sample", "layer", "filter", "method", "method2", "target", "block", "head", "query"];
 
 export function readState() {
   const params = new URLSearchParams(window.location.search);
