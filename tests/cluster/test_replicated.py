@@ -12,6 +12,7 @@ Through all of them no client sees a 500 or a dropped connection.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -318,10 +319,32 @@ def test_the_serve_controller_killed_under_load_costs_no_client_anything(replica
     assert all(a.status == 200 for a in load.answers), sorted({a.status for a in load.answers})
 
 
+def _refused(load: Load, since: float) -> bool:
+    with load.lock:
+        return any(a.status == 503 for a in load.answers if a.sent >= since)
+
+
+def _hold_outage(load: Load, since: float, timeout: float = 60.0) -> set[int]:
+    """Kill every replica of the deployment, and any replacement Ray starts, until a client has been refused with
+    a 503 (or `timeout`, which fails the test): on a quiet machine a replacement can start within a second, so
+    killing once leaves no outage to observe. Returns every pid killed."""
+    killed: set[int] = set()
+
+    def none_left_and_refused() -> bool:
+        for pid in replica_pids(APP, DEPLOYMENT):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        return _refused(load, since)
+
+    wait_for(none_left_and_refused, timeout, "a 503 while no replica was left", poll=0.05)
+    return killed
+
+
 def test_a_replica_killed_costs_nothing_and_with_none_left_clients_get_503_not_a_wait(replicated: Deployed) -> None:
     """Two kills under load, one replacement cycle. One replica killed: its requests are retried on the other,
-    which keeps answering; no client sees anything. Then the other too (and the first one's replacement, if it has
-    started meanwhile, as it may on a quiet machine): until a replacement runs, each request
+    which keeps answering; no client sees anything. Then the other too, and every replacement Ray starts until a
+    client has been refused (on a quiet machine one starts within a second): until a replacement runs, each request
     waits at most no_replica_wait_s (1 s here), then gets a JSON 503 with Retry-After, and the first such 503
     comes before the first replacement answers."""
     load = Load(replicated.url).start()
@@ -334,11 +357,9 @@ def test_a_replica_killed_costs_nothing_and_with_none_left_clients_get_503_not_a
         survivor = wait_for(lambda: load.replicas(since=first_killed + 1.0), 60, "answers after the first kill")
         wait_for(lambda: load.count(since=first_killed) >= 24, 60, "requests answered after the first kill")
         alone = [a for a in load.answers if a.sent > first_killed]
-        everyone = replica_pids(APP, DEPLOYMENT)  # the survivor, and the first one's replacement if it has started
-        assert second in everyone
+        assert second in replica_pids(APP, DEPLOYMENT)
         second_killed = time.monotonic()
-        for pid in everyone:
-            os.kill(pid, signal.SIGKILL)
+        everyone = _hold_outage(load, since=second_killed)
         wait_for(lambda: load.replicas(since=second_killed) - before, 240, "a replacement answering")
     finally:
         load.finish()
