@@ -8,6 +8,13 @@ from typing import Any, cast
 
 import torch
 
+from service.introspection.similarity import (
+    CrossCovariance,
+    FeatureReduce,
+    feature_count,
+    linear_cka,
+    sample_features,
+)
 from service.introspection.unit_stats import Exemplars, Score, UnitStats
 from service.jobs.datasets import Dataset
 from service.specs.vocab import JobKindName
@@ -98,6 +105,57 @@ class ExemplarsReduction(Reduction):
         return {"score": self.score, "k": self.k, "classes": dataset.classes, "layers": layers}
 
 
+class SimilarityReduction(Reduction):
+    """Linear CKA between every pair of the job's capture keys, from one cross-covariance of their features
+    side by side (keys in the order of the first chunk, kept in the checkpoint)."""
+
+    def __init__(self, parameters: Mapping[str, Any]) -> None:
+        self.reduce = cast(FeatureReduce, parameters["reduce"])
+        self.keys: list[str] = []
+        self.widths: list[int] = []
+        self.covariance: CrossCovariance | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.covariance is not None
+
+    def update(self, captured: Mapping[str, torch.Tensor], indices: torch.Tensor) -> None:
+        if self.covariance is None:
+            self.keys = list(captured)
+        parts = [sample_features(captured[key], self.reduce) for key in self.keys]
+        z = torch.cat(parts, dim=1)
+        if self.covariance is None:
+            self.widths = [int(part.shape[1]) for part in parts]
+            self.covariance = CrossCovariance.first(z)
+        else:
+            self.covariance.update(z)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.covariance is None:
+            return {}
+        order = {
+            f"{key}/width": torch.tensor([i, w]) for i, (key, w) in enumerate(zip(self.keys, self.widths, strict=True))
+        }
+        return order | {f"/{name}": t for name, t in self.covariance.state().items()}
+
+    def restore(self, state: Mapping[str, torch.Tensor]) -> None:
+        grouped = _by_key(state)
+        sums = grouped.pop("")
+        order = sorted(grouped.items(), key=lambda item: int(item[1]["width"][0]))
+        self.keys = [key for key, _ in order]
+        self.widths = [int(parts["width"][1]) for _, parts in order]
+        self.covariance = CrossCovariance.from_state(sums)
+
+    def result(self, dataset: Dataset) -> dict[str, Any]:
+        assert self.covariance is not None
+        return {
+            "reduce": self.reduce,
+            "layers": self.keys,
+            "features": dict(zip(self.keys, self.widths, strict=True)),
+            "cka": linear_cka(self.covariance.centred(), self.widths),
+        }
+
+
 def _sample(dataset: Dataset, index: int, score: float) -> dict[str, Any]:
     sample: dict[str, Any] = {"index": index, "score": score, "label": dataset.label(index)}
     file = dataset.file(index)
@@ -114,20 +172,28 @@ def _by_key(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tens
     return grouped
 
 
-def reduction(kind: JobKindName, parameters: Mapping[str, Any]) -> UnitStatsReduction | ExemplarsReduction:
-    return UnitStatsReduction(parameters) if kind is JobKindName.unit_stats else ExemplarsReduction(parameters)
+def reduction(kind: JobKindName, parameters: Mapping[str, Any]) -> Reduction:
+    if kind is JobKindName.unit_stats:
+        return UnitStatsReduction(parameters)
+    if kind is JobKindName.similarity:
+        return SimilarityReduction(parameters)
+    return ExemplarsReduction(parameters)
 
 
-def unit_count(shape: tuple[int, ...]) -> int:
-    """Units of a layer's output of `shape` (batch dimension included), as `units()` counts them."""
-    if len(shape) < 2:
-        return 0
-    return int(shape[-1] if len(shape) == 3 else shape[1])
+def unit_count(kind: JobKindName, parameters: Mapping[str, Any], shape: tuple[int, ...]) -> int:
+    """What the kind keeps per sample of a layer's output of `shape` (batch dimension included): its units as
+    `units()` counts them, or for similarity its features."""
+    if kind is JobKindName.similarity:
+        return feature_count(shape, cast(FeatureReduce, parameters["reduce"]))
+    return feature_count(shape, "mean")
 
 
 def job_bytes(kind: JobKindName, parameters: Mapping[str, Any], unit_counts: Mapping[str, int]) -> int:
-    """Disk the job's checkpoint and result take at most, from its layers' unit counts."""
+    """Disk the job's checkpoint and result take at most, from its layers' unit counts (features for similarity,
+    whose checkpoint holds their cross-covariance, and the same again in memory while it runs)."""
     total = sum(unit_counts.values())
+    if kind is JobKindName.similarity:
+        return (total * total + 3 * total) * _STORED_NUMBER + len(unit_counts) ** 2 * _JSON_NUMBER + 4096
     if kind is JobKindName.unit_stats:
         per_unit = int(parameters["bins"]) + 8  # histogram (with under/over) and the statistics
         return total * per_unit * (_STORED_NUMBER + _JSON_NUMBER) + 4096 * len(unit_counts)

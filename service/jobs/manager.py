@@ -24,7 +24,7 @@ from safetensors.torch import save as save_tensors
 
 from service.config import Settings
 from service.dataplane.plane import DataPlane
-from service.errors import Conflict, HookserveError, NotFound, TooLarge, first_line
+from service.errors import Conflict, HookserveError, InvalidField, NotFound, TooLarge, first_line
 from service.introspection.layers import resolve_layers
 from service.jobs.datasets import Dataset, Loaded, open_dataset
 from service.jobs.kinds import Reduction, job_bytes, reduction, unit_count
@@ -91,12 +91,22 @@ class JobManager:
         total = len(dataset) if body.limit is None else min(body.limit, len(dataset))
         parameters = body.parameters.model_dump()
         shapes = model.layer_shapes.outputs
-        counts = {key: unit_count(found[0].shape) for key in shapes for found in [shapes[key]] if _of(key, layers)}
+        counts = {
+            key: unit_count(body.kind, parameters, found[0].shape)
+            for key in shapes
+            for found in [shapes[key]]
+            if _of(key, layers)
+        }
+        if body.kind is JobKindName.similarity and len(counts) < 2:
+            raise InvalidField(
+                f"similarity compares layers: {body.layers} resolved to {sorted(counts) or 'no output'}; "
+                "name at least two layers"
+            )
         needed = job_bytes(body.kind, parameters, counts)
         if needed > self.settings.max_job_bytes:
             raise TooLarge(
                 f"this job's checkpoint and result would take about {needed} bytes, over the limit of "
-                f"{self.settings.max_job_bytes} (max_job_bytes); name fewer layers or ask for fewer bins or exemplars"
+                f"{self.settings.max_job_bytes} (max_job_bytes); {_way_out(body.kind)}"
             )
         if self.store.count() >= self.settings.max_jobs:
             raise Conflict(
@@ -264,6 +274,12 @@ def checkpoint_metadata(data: bytes) -> dict[str, str]:
     header = json.loads(data[8 : 8 + size])
     meta = header.get("__metadata__") or {}
     return {str(k): str(v) for k, v in meta.items()}
+
+
+def _way_out(kind: JobKindName) -> str:
+    if kind is JobKindName.similarity:
+        return 'name fewer layers, or set parameters.reduce to "mean" (one feature per unit)'
+    return "name fewer layers or ask for fewer bins or exemplars"
 
 
 def _of(key: str, layers: list[str]) -> bool:

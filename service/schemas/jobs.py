@@ -1,4 +1,4 @@
-"""POST /jobs and what GET /jobs answers: data-set jobs (unit statistics, exemplars) run on the server."""
+"""POST /jobs and what GET /jobs answers: data-set jobs (unit statistics, exemplars, similarity) run on the server."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ class JobParameters(BaseModel):
     score: Literal["max", "mean"] = Field(
         "max", description="exemplars: rank samples by the unit's max or mean over positions."
     )
+    reduce: Literal["mean", "flatten"] = Field(
+        "mean",
+        description="similarity: each sample's features per layer, each unit's mean over its positions or every "
+        "value (the cross-covariance of all features is kept: its size grows with their count squared).",
+    )
 
     @model_validator(mode="after")
     def _range(self) -> JobParameters:
@@ -39,7 +44,11 @@ class JobParameters(BaseModel):
 class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: JobKindName = Field(..., description="unit_stats: per-unit statistics; exemplars: top-k samples per unit.")
+    kind: JobKindName = Field(
+        ...,
+        description="unit_stats: per-unit statistics; exemplars: top-k samples per unit; similarity: linear CKA "
+        "between every pair of the layers, exact over the data set.",
+    )
     model: str = Field(..., min_length=1, examples=["lenet"])
     dataset: str = Field(
         ...,

@@ -77,6 +77,7 @@ class Datatype(StrEnum):  # Open Inference Protocol tensor datatypes (`service.d
 class JobKindName(StrEnum):  # what a data-set job computes (POST /jobs)
     unit_stats = "unit_stats"
     exemplars = "exemplars"
+    similarity = "similarity"
 
 
 class JobState(StrEnum):  # a data-set job's life

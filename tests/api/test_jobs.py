@@ -22,6 +22,7 @@ from service.introspection.unit_stats import units
 from service.main import create_app
 from service.zoo.lenet import LeNet, lenet_preprocess_spec
 from tests.conftest import direct_capture, hooks, wait_settled, write_lenet
+from tests.helpers.cka import textbook_cka
 
 TOKEN = "jobs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -169,6 +170,39 @@ def test_exemplars_equal_a_hand_loop(jobs_client: TestClient, reference: dict[st
             assert [s["index"] for s in found] == expected
             assert [s["label"] for s in found] == [int(labels[i]) for i in expected]
             assert_close([s["score"] for s in found], scores[unit, expected])
+
+
+@pytest.mark.parametrize(("reduce", "layers"), [("mean", LAYERS), ("flatten", ["fc1", "fc2", "fc3"])])
+def test_similarity_is_linear_cka_on_the_full_gram_matrices(
+    jobs_client: TestClient, lenet: LeNet, reduce: str, layers: list[str]
+) -> None:
+    """Over 200 digits in chunks of 32, every pair of layers, each sample's per-unit means or every value."""
+    body = {"kind": "similarity", "model": "lenet", "dataset": "digits", "layers": layers, "limit": SAMPLES}
+    info, result = run_job(jobs_client, {**body, "parameters": {"reduce": reduce}})
+    assert info["state"] == "succeeded", info
+    x, _ = digits_batch(SAMPLES)
+    captured = {name: sides["output"] for name, sides in direct_capture(lenet, layers, x).items()}
+    features = {name: units(t).mean(dim=2) if reduce == "mean" else t for name, t in captured.items()}
+    assert result["layers"] == layers
+    assert result["features"] == {name: int(t[0].numel()) for name, t in features.items()}
+    expected = [[textbook_cka(features[a], features[b]) for b in layers] for a in layers]
+    torch.testing.assert_close(torch.tensor(result["cka"]), torch.tensor(expected), rtol=0, atol=1e-4)
+    assert all(result["cka"][i][i] == pytest.approx(1.0) for i in range(len(layers)))
+    assert min(min(row) for row in result["cka"]) > 0.0
+
+
+def test_similarity_refuses_one_layer_and_names_reduce_when_too_large(jobs_client: TestClient) -> None:
+    body = {"kind": "similarity", "model": "lenet", "dataset": "digits", "limit": 8}
+    one = jobs_client.post("/jobs", json=body | {"layers": ["fc1"]}, headers=AUTH)
+    assert one.status_code == 422, one.text
+    assert "at least two layers" in one.text
+    # conv1 and conv2 flattened: 4704 + 1600 features, a cross-covariance of ~300 MiB
+    large = jobs_client.post(
+        "/jobs", json=body | {"layers": ["conv1", "conv2"], "parameters": {"reduce": "flatten"}}, headers=AUTH
+    )
+    assert large.status_code == 413, large.text
+    assert "max_job_bytes" in large.text
+    assert '"mean"' in large.json()["detail"]
 
 
 def test_an_image_folder_gives_labels_and_files_and_lists_unreadable_ones(
