@@ -12,7 +12,7 @@ from service.codecs.tensors import tensor_from_payload
 from service.dataplane.base import PlaneBase
 from service.dataplane.costs import Estimate, activations_cost, predict_cost
 from service.dataplane.nodes import node_graph
-from service.errors import InvalidField, TooLarge
+from service.errors import InvalidField, NotFound, TooLarge
 from service.introspection.capture import Captured
 from service.introspection.interventions import EditOp, Fired, Selection
 from service.introspection.layers import closest_names, resolve_layers
@@ -21,6 +21,7 @@ from service.introspection.predictions import require_class_scores, top_k_predic
 from service.introspection.shapes import LayerShapes
 from service.introspection.targets import check_target, resolve_targets, target_scores
 from service.introspection.tokens import TokenSelection, selected_tokens, token_layout
+from service.jobs.vectors import vectors_at, vectors_dir
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import Cost
 from service.runtime.runners.activations import CaptureRequest
@@ -34,7 +35,7 @@ from service.runtime.runners.interventions import (
     site_key,
 )
 from service.schemas.common import TensorPayload
-from service.schemas.interventions import Edit, InterventionsRequest
+from service.schemas.interventions import AddEdit, Edit, InterventionsRequest
 from service.schemas.interventions import SweepRequest as SweepBody
 
 ADVICE = "ask for fewer edits, sources, layers or inputs, a reduce, or format=stats"
@@ -175,6 +176,8 @@ class Experiments(PlaneBase):
         payload: TensorPayload | None = getattr(edit, "tensor", None)
         if payload is not None:
             tensor = self._tensor(index, payload)
+        if isinstance(edit, AddEdit) and edit.vector is not None:
+            tensor = self._steering(index, edit, model, site_key(where.site, edit.call), where.side)
         source = getattr(edit, "source", None)
         if source is not None and source not in body.sources:
             raise InvalidField(f"edit {index}: no source named {source!r} (sources: {sorted(body.sources)})")
@@ -204,6 +207,20 @@ class Experiments(PlaneBase):
             heads=tuple(edit.heads) if edit.heads is not None else None,
             attention=site if edit.heads is not None else None,
         )
+
+    def _steering(self, index: int, edit: AddEdit, model: LoadedModel, key: str, side: str) -> torch.Tensor:
+        """A stored steering vector times the edit's scale, where it was taken only (same model, layer and call)."""
+        assert edit.vector is not None
+        try:
+            vector = vectors_at(vectors_dir(self.settings)).get(edit.vector)
+        except NotFound as exc:
+            raise InvalidField(f"edit {index}: {exc.detail}") from None
+        if (vector.model, vector.layer, "output") != (model.name, key, side):
+            raise InvalidField(
+                f"edit {index}: the steering vector {edit.vector!r} was taken at the output of {vector.layer!r} of "
+                f"model {vector.model!r}; add it there (site {vector.layer.split('#')[0]!r})"
+            )
+        return vector.tensor * edit.scale
 
     def _tensor(self, index: int, payload: TensorPayload) -> torch.Tensor:
         numel = 1

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import torch
 
+from service.errors import InvalidField
 from service.introspection.similarity import (
     CrossCovariance,
     FeatureReduce,
@@ -156,6 +157,72 @@ class SimilarityReduction(Reduction):
         }
 
 
+class SteeringReduction(Reduction):
+    """Sums of one capture key's outputs over the samples of the positive and of the negative class; the vector is
+    the difference of their means, shaped like one sample's output."""
+
+    def __init__(self, parameters: Mapping[str, Any], dataset: Dataset) -> None:
+        self.name = str(parameters["name"])
+        self.classes = (str(parameters["positive"]), str(parameters["negative"]))
+        self.wanted = (dataset.classes.index(self.classes[0]), dataset.classes.index(self.classes[1]))
+        self.label = dataset.label
+        self.key: str | None = None
+        self.sums: list[torch.Tensor] = []
+        self.counts = torch.zeros(2, dtype=torch.float64)
+
+    @property
+    def started(self) -> bool:
+        return self.key is not None
+
+    def update(self, captured: Mapping[str, torch.Tensor], indices: torch.Tensor) -> None:
+        ((key, t),) = captured.items()
+        if self.key is None:
+            self.key = key
+            self.sums = [torch.zeros(t.shape[1:], dtype=torch.float64) for _ in self.wanted]
+        labels = torch.tensor([self.label(int(i)) for i in indices])
+        values = t.detach().to("cpu", torch.float64)
+        for side, wanted in enumerate(self.wanted):
+            rows = labels == wanted
+            self.sums[side] += values[rows].sum(dim=0)
+            self.counts[side] += int(rows.sum())
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.key is None:
+            return {}
+        return {
+            f"{self.key}/positive": self.sums[0],
+            f"{self.key}/negative": self.sums[1],
+            f"{self.key}/counts": self.counts,
+        }
+
+    def restore(self, state: Mapping[str, torch.Tensor]) -> None:
+        ((key, parts),) = _by_key(state).items()
+        self.key, self.sums, self.counts = (
+            key,
+            [parts["positive"].clone(), parts["negative"].clone()],
+            parts["counts"].clone(),
+        )
+
+    def vector(self) -> torch.Tensor:
+        """Mean over the positive class minus mean over the negative one."""
+        missing = [name for name, count in zip(self.classes, self.counts.tolist(), strict=True) if count == 0]
+        if missing:
+            raise InvalidField(f"no sample of class {missing[0]!r} was read: a steering vector needs both classes")
+        return (self.sums[0] / self.counts[0] - self.sums[1] / self.counts[1]).float()
+
+    def result(self, dataset: Dataset) -> dict[str, Any]:
+        vector = self.vector()
+        counts = [int(c) for c in self.counts.tolist()]
+        return {
+            "name": self.name,
+            "layer": self.key,
+            "shape": list(vector.shape),
+            "norm": float(torch.linalg.vector_norm(vector.double())),
+            "positive": {"class": self.classes[0], "count": counts[0]},
+            "negative": {"class": self.classes[1], "count": counts[1]},
+        }
+
+
 def _sample(dataset: Dataset, index: int, score: float) -> dict[str, Any]:
     sample: dict[str, Any] = {"index": index, "score": score, "label": dataset.label(index)}
     file = dataset.file(index)
@@ -172,7 +239,9 @@ def _by_key(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tens
     return grouped
 
 
-def reduction(kind: JobKindName, parameters: Mapping[str, Any]) -> Reduction:
+def reduction(kind: JobKindName, parameters: Mapping[str, Any], dataset: Dataset) -> Reduction:
+    if kind is JobKindName.steering_vector:
+        return SteeringReduction(parameters, dataset)
     if kind is JobKindName.unit_stats:
         return UnitStatsReduction(parameters)
     if kind is JobKindName.similarity:
@@ -185,6 +254,8 @@ def unit_count(kind: JobKindName, parameters: Mapping[str, Any], shape: tuple[in
     `units()` counts them, or for similarity its features."""
     if kind is JobKindName.similarity:
         return feature_count(shape, cast(FeatureReduce, parameters["reduce"]))
+    if kind is JobKindName.steering_vector:
+        return feature_count(shape, "flatten")
     return feature_count(shape, "mean")
 
 
@@ -192,6 +263,8 @@ def job_bytes(kind: JobKindName, parameters: Mapping[str, Any], unit_counts: Map
     """Disk the job's checkpoint and result take at most, from its layers' unit counts (features for similarity,
     whose checkpoint holds their cross-covariance, and the same again in memory while it runs)."""
     total = sum(unit_counts.values())
+    if kind is JobKindName.steering_vector:  # two float64 sums, and the float32 vector stored
+        return total * (2 * _STORED_NUMBER + 4) + 4096
     if kind is JobKindName.similarity:
         return (total * total + 3 * total) * _STORED_NUMBER + len(unit_counts) ** 2 * _JSON_NUMBER + 4096
     if kind is JobKindName.unit_stats:

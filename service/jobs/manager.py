@@ -27,8 +27,9 @@ from service.dataplane.plane import DataPlane
 from service.errors import Conflict, HookserveError, InvalidField, NotFound, TooLarge, first_line
 from service.introspection.layers import resolve_layers
 from service.jobs.datasets import Dataset, Loaded, open_dataset
-from service.jobs.kinds import Reduction, job_bytes, reduction, unit_count
+from service.jobs.kinds import Reduction, SteeringReduction, job_bytes, reduction, unit_count
 from service.jobs.store import DATABASE, MAX_LISTED_ERRORS, JobRow, JobStore
+from service.jobs.vectors import SteeringVector, check_name, vectors_at, vectors_dir
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.schemas.jobs import JobRequest
 from service.specs.vocab import JobKindName, JobState
@@ -49,6 +50,7 @@ class JobManager:
         self._store: JobStore | None = None
         self._slots = asyncio.Semaphore(settings.max_running_jobs)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.vectors = vectors_at(vectors_dir(settings))
         self._cancelled: set[str] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -97,6 +99,8 @@ class JobManager:
             for found in [shapes[key]]
             if _of(key, layers)
         }
+        if body.kind is JobKindName.steering_vector:
+            self._check_steering(body, dataset, counts)
         if body.kind is JobKindName.similarity and len(counts) < 2:
             raise InvalidField(
                 f"similarity compares layers: {body.layers} resolved to {sorted(counts) or 'no output'}; "
@@ -118,6 +122,23 @@ class JobManager:
         self.store.add(row)
         self._launch(row)
         return row
+
+    def _check_steering(self, body: JobRequest, dataset: Dataset, counts: dict[str, int]) -> None:
+        given = body.parameters
+        if given.name is None or given.positive is None or given.negative is None:
+            raise InvalidField(
+                "a steering_vector job needs parameters.name, parameters.positive and parameters.negative"
+            )
+        for side in (given.positive, given.negative):
+            if side not in dataset.classes:
+                raise InvalidField(f"dataset {dataset.name!r} has no class {side!r} (classes: {dataset.classes})")
+        if given.positive == given.negative:
+            raise InvalidField("parameters.positive and parameters.negative must be two different classes")
+        if len(counts) != 1:
+            raise InvalidField(
+                f"a steering vector is taken at one layer output: {body.layers} resolved to {sorted(counts)}"
+            )
+        self.vectors.reserve(check_name(given.name))
 
     def all(self) -> list[JobRow]:
         store = self._existing()
@@ -183,7 +204,7 @@ class JobManager:
         model = served.model
         dataset = await self.plane.off_loop(open_dataset, row.dataset, self.settings.data_dir)
         kind = JobKindName(row.kind)
-        found = reduction(kind, row.parameters)
+        found = reduction(kind, row.parameters, dataset)
         done = self._restore(row, found)
         row.resumed_from = done if row.started is not None else None
         row.state, row.done, row.started = JobState.running, done, row.started or time.time()
@@ -215,6 +236,8 @@ class JobManager:
             raise _NoSamples(f"none of the {row.total} samples could be read; see the job's errors")
         result = await self.plane.off_loop(_encode_result, found, dataset, row)
         self._check_bytes(row, len(result))
+        if isinstance(found, SteeringReduction):
+            await self.plane.off_loop(self._store_vector, found, row)
         await self.plane.off_loop(self.store.write, row.id, RESULT, result)
         self.store.remove(row.id, CHECKPOINT)
         self._finish(row, JobState.succeeded)
@@ -247,6 +270,16 @@ class JobManager:
         data = await self.plane.off_loop(lambda: save_tensors(tensors, metadata=meta))
         self._check_bytes(row, len(data))
         await self.plane.off_loop(self.store.write, row.id, CHECKPOINT, data)
+
+    def _store_vector(self, found: SteeringReduction, row: JobRow) -> None:
+        assert found.key is not None
+        made = {
+            "job": row.id,
+            "dataset": row.dataset,
+            "positive": {"class": found.classes[0], "count": int(found.counts[0])},
+            "negative": {"class": found.classes[1], "count": int(found.counts[1])},
+        }
+        self.vectors.save(SteeringVector(found.name, found.vector(), row.model, found.key, made))
 
     def _check_bytes(self, row: JobRow, size: int) -> None:
         if size > self.settings.max_job_bytes:

@@ -71,16 +71,25 @@ class ScaleEdit(EditSite):
 
 
 class AddEdit(EditSite):
-    """Steering: add a scalar, or a tensor shaped like one sample's selection (or one value per selected channel)."""
+    """Steering: add a scalar, a tensor shaped like one sample's selection (or one value per selected channel), or a
+    stored steering vector by name (times `scale`)."""
 
     op: Literal["add"]
     value: Finite | None = None
     tensor: TensorPayload | None = None
+    vector: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="A stored steering vector (GET /vectors), made by a steering_vector job; it applies at the "
+        "model and layer it was taken at.",
+    )
+    scale: Finite = Field(1.0, description="vector: added times this.")
 
     @model_validator(mode="after")
     def _one(self) -> AddEdit:
-        if (self.value is None) == (self.tensor is None):
-            raise ValueError("add takes exactly one of 'value' or 'tensor'")
+        if sum(given is not None for given in (self.value, self.tensor, self.vector)) != 1:
+            raise ValueError("add takes exactly one of 'value', 'tensor' or 'vector'")
         return self
 
 

@@ -34,6 +34,23 @@ class JobParameters(BaseModel):
         "value (the cross-covariance of all features is kept: its size grows with their count squared).",
     )
 
+    positive: str | None = Field(
+        None,
+        min_length=1,
+        description="steering_vector: the class whose mean the vector points towards.",
+        examples=["1"],
+    )
+    negative: str | None = Field(
+        None, min_length=1, description="steering_vector: the class whose mean it points away from.", examples=["7"]
+    )
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="steering_vector: the name the vector is stored under; /interventions adds it with "
+        '`{"op": "add", "vector": name, "scale": 2.0}`.',
+    )
+
     @model_validator(mode="after")
     def _range(self) -> JobParameters:
         if self.range is not None and not self.range[0] < self.range[1]:
@@ -47,7 +64,8 @@ class JobRequest(BaseModel):
     kind: JobKindName = Field(
         ...,
         description="unit_stats: per-unit statistics; exemplars: top-k samples per unit; similarity: linear CKA "
-        "between every pair of the layers, exact over the data set.",
+        "between every pair of the layers, exact over the data set; steering_vector: the difference of one layer's "
+        "mean output between two classes, stored by name for /interventions.",
     )
     model: str = Field(..., min_length=1, examples=["lenet"])
     dataset: str = Field(
@@ -97,3 +115,26 @@ class JobInfo(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[JobInfo]
+
+
+class PairSide(BaseModel):
+    class_: str = Field(..., alias="class", description="The class's name in the data set.")
+    count: int = Field(..., description="Its samples the mean was taken over.")
+
+
+class VectorInfo(BaseModel):
+    """A stored steering vector: where it applies and how it was made (its values stay on the server)."""
+
+    name: str
+    model: str
+    layer: str = Field(..., description="The capture key it was taken at (`name`, or `name#2` for a later call).")
+    shape: list[int] = Field(..., description="One sample's output shape at that layer.")
+    norm: float = Field(..., description="Its L2 norm.")
+    job: str = Field(..., description="The steering_vector job that made it.")
+    dataset: str
+    positive: PairSide
+    negative: PairSide
+
+
+class VectorList(BaseModel):
+    vectors: list[VectorInfo]

@@ -78,6 +78,7 @@ class JobKindName(StrEnum):  # what a data-set job computes (POST /jobs)
     unit_stats = "unit_stats"
     exemplars = "exemplars"
     similarity = "similarity"
+    steering_vector = "steering_vector"
 
 
 class JobState(StrEnum):  # a data-set job's life

@@ -21,7 +21,8 @@ from service.config import Settings
 from service.introspection.unit_stats import units
 from service.main import create_app
 from service.zoo.lenet import LeNet, lenet_preprocess_spec
-from tests.conftest import direct_capture, hooks, wait_settled, write_lenet
+from tests.api.test_interventions import edited_logits
+from tests.conftest import direct_capture, hooks, tensor_input, wait_settled, write_lenet
 from tests.helpers.cka import textbook_cka
 
 TOKEN = "jobs-token"
@@ -203,6 +204,73 @@ def test_similarity_refuses_one_layer_and_names_reduce_when_too_large(jobs_clien
     assert large.status_code == 413, large.text
     assert "max_job_bytes" in large.text
     assert '"mean"' in large.json()["detail"]
+
+
+STEER = {"kind": "steering_vector", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": SAMPLES}
+
+
+def test_a_steering_vector_is_the_difference_of_class_means_and_interventions_add_it_by_name(
+    jobs_client: TestClient, lenet: LeNet
+) -> None:
+    parameters = {"positive": "3", "negative": "7", "name": "three-minus-seven"}
+    info, result = run_job(jobs_client, {**STEER, "parameters": parameters})
+    assert info["state"] == "succeeded", info
+    x, labels = digits_batch(SAMPLES)
+    fc1 = direct_capture(lenet, ["fc1"], x)["fc1"]["output"].double()
+    expected = (fc1[labels == 3].mean(dim=0) - fc1[labels == 7].mean(dim=0)).float()
+    assert result["positive"] == {"class": "3", "count": int((labels == 3).sum())}
+    assert result["negative"] == {"class": "7", "count": int((labels == 7).sum())}
+    assert (result["layer"], result["shape"]) == ("fc1", [120])
+    listed = jobs_client.get("/vectors", headers=AUTH).json()["vectors"]
+    assert [(v["name"], v["model"], v["layer"], v["job"]) for v in listed] == [
+        ("three-minus-seven", "lenet", "fc1", info["id"])
+    ]
+    assert listed[0]["norm"] == pytest.approx(float(expected.norm()), rel=1e-5)
+
+    inputs = [tensor_input(t) for t in x[:2]]
+    edit = {"site": "fc1", "op": "add", "vector": "three-minus-seven", "scale": 2.0}
+    answer = jobs_client.post(
+        "/interventions", json={"model": "lenet", "inputs": inputs, "edits": [edit], "include_logits": True}
+    )
+    assert answer.status_code == 200, answer.text
+    edited = torch.tensor([p["logits"] for p in answer.json()["edited"]])
+    want = edited_logits(lenet, x[:2], {"fc1": lambda t: t + 2.0 * expected})
+    torch.testing.assert_close(edited, want, rtol=1e-4, atol=1e-4)
+
+    for wrong, words in (
+        ({"site": "conv1"}, "was taken at the output of 'fc1'"),
+        ({"vector": "nope"}, "GET /vectors"),
+        ({"value": 1.0}, "exactly one of"),
+    ):
+        refused = jobs_client.post("/interventions", json={"model": "lenet", "inputs": inputs, "edits": [edit | wrong]})
+        assert refused.status_code == 422, refused.text
+        assert words in refused.text
+    again = jobs_client.post("/jobs", json={**STEER, "parameters": parameters}, headers=AUTH)
+    assert again.status_code == 409, again.text
+    assert jobs_client.delete("/vectors/three-minus-seven", headers=AUTH).status_code == 200
+    assert jobs_client.get("/vectors/three-minus-seven", headers=AUTH).status_code == 404
+    gone = jobs_client.post("/interventions", json={"model": "lenet", "inputs": inputs, "edits": [edit]})
+    assert gone.status_code == 422
+    assert jobs_client.get("/vectors", headers=AUTH).status_code == 200
+    assert jobs_client.get("/vectors").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("parameters", "layers", "words"),
+    [
+        ({"positive": "3", "negative": "7"}, ["fc1"], "needs parameters.name"),
+        ({"positive": "3", "negative": "3", "name": "v"}, ["fc1"], "two different classes"),
+        ({"positive": "3", "negative": "cat", "name": "v"}, ["fc1"], "no class 'cat'"),
+        ({"positive": "3", "negative": "7", "name": "v"}, ["fc1", "fc2"], "one layer output"),
+        ({"positive": "3", "negative": "7", "name": "../v"}, ["fc1"], "steering vector name"),
+    ],
+)
+def test_bad_steering_jobs_are_refused_clearly(
+    jobs_client: TestClient, parameters: dict[str, Any], layers: list[str], words: str
+) -> None:
+    answer = jobs_client.post("/jobs", json=STEER | {"layers": layers, "parameters": parameters}, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert words in answer.text
 
 
 def test_an_image_folder_gives_labels_and_files_and_lists_unreadable_ones(

@@ -1,9 +1,11 @@
-"""/jobs: data-set jobs (unit statistics, exemplars), run on the server in the background. Admin only:
+"""/jobs: data-set jobs (unit statistics, exemplars, similarity, steering vectors), run on the server in the
+background, and /vectors: the steering vectors they stored. Admin only:
 a job spends minutes of compute and reads server-side data."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from service.api.auth import require_admin
@@ -11,7 +13,8 @@ from service.api.bodies import read_json, validate
 from service.api.deps import JobsDep
 from service.api.openapi import error_responses, json_body
 from service.jobs.store import JobRow
-from service.schemas.jobs import FileError, JobInfo, JobList, JobParameters, JobRequest
+from service.jobs.vectors import SteeringVector
+from service.schemas.jobs import FileError, JobInfo, JobList, JobParameters, JobRequest, VectorInfo, VectorList
 from service.specs.vocab import JobKindName, JobState
 
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require_admin)])
@@ -92,3 +95,37 @@ async def cancel_job(job_id: str, jobs: JobsDep) -> JobInfo:
 )
 async def job_result(job_id: str, jobs: JobsDep) -> Response:
     return Response(await jobs.result(job_id), media_type="application/json")
+
+
+def vector_info(vector: SteeringVector) -> VectorInfo:
+    return VectorInfo.model_validate(vector.info())
+
+
+@router.get(
+    "/vectors",
+    response_model=VectorList,
+    summary="Stored steering vectors (admin)",
+    responses=error_responses(401, 403),
+)
+async def list_vectors(jobs: JobsDep) -> VectorList:
+    return VectorList(vectors=[vector_info(v) for v in await run_in_threadpool(jobs.vectors.all)])
+
+
+@router.get(
+    "/vectors/{name}",
+    response_model=VectorInfo,
+    summary="One steering vector: its model, layer, shape, norm and how it was made (admin)",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def get_vector(name: str, jobs: JobsDep) -> VectorInfo:
+    return vector_info(await run_in_threadpool(jobs.vectors.get, name))
+
+
+@router.delete(
+    "/vectors/{name}",
+    response_model=VectorInfo,
+    summary="Delete a steering vector (admin)",
+    responses=error_responses(401, 403, 404, 422),
+)
+async def delete_vector(name: str, jobs: JobsDep) -> VectorInfo:
+    return vector_info(await run_in_threadpool(jobs.vectors.delete, name))
