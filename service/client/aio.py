@@ -130,7 +130,7 @@ class AsyncClient(ClientBase):
         parameters: Mapping[str, Any] | None = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> dict[str, Any]:
-        """Start a data-set job (admin token): `unit_stats`, `exemplars`, `similarity` or `steering_vector` of `layers` over `dataset`
+        """Start a data-set job (admin token): `unit_stats`, `exemplars`, `similarity`, `steering_vector` or `features` of `layers` over `dataset`
         (`digits`, or a folder under the server's data dir); the queued job, with its `id`."""
         body = calls.job_body(kind, model, dataset, layers, limit=limit, parameters=parameters)
         return await self.send(calls.start_job(body), timeout)

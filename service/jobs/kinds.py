@@ -23,10 +23,18 @@ from service.specs.vocab import JobKindName
 # Bytes a number takes in the JSON result (digits, separators) and in the float64 checkpoint
 _JSON_NUMBER = 24
 _STORED_NUMBER = 8
+_NAME = 256  # a file name, with its JSON quoting
 
 
 class Reduction:
     """One job's running result, per capture key."""
+
+    def finish(self) -> None:
+        """After the last chunk (a kind that writes files as it goes writes its last ones)."""
+
+    def take_files(self) -> dict[str, bytes]:
+        """Files to write into the job's folder now (name: bytes), each handed over once."""
+        return {}
 
     def update(self, captured: Mapping[str, torch.Tensor], indices: torch.Tensor) -> None:
         raise NotImplementedError
@@ -68,7 +76,7 @@ class UnitStatsReduction(Reduction):
         return {f"{key}/{name}": t for key, stats in self.layers.items() for name, t in stats.state().items()}
 
     def restore(self, state: Mapping[str, torch.Tensor]) -> None:
-        for key, parts in _by_key(state).items():
+        for key, parts in by_key(state).items():
             self.layers[key] = UnitStats.from_state(parts)
 
     def result(self, dataset: Dataset) -> dict[str, Any]:
@@ -93,7 +101,7 @@ class ExemplarsReduction(Reduction):
         return {f"{key}/{name}": t for key, found in self.layers.items() for name, t in found.state().items()}
 
     def restore(self, state: Mapping[str, torch.Tensor]) -> None:
-        for key, parts in _by_key(state).items():
+        for key, parts in by_key(state).items():
             self.layers[key] = Exemplars.from_state(self.k, self.score, parts)
 
     def result(self, dataset: Dataset) -> dict[str, Any]:
@@ -140,7 +148,7 @@ class SimilarityReduction(Reduction):
         return order | {f"/{name}": t for name, t in self.covariance.state().items()}
 
     def restore(self, state: Mapping[str, torch.Tensor]) -> None:
-        grouped = _by_key(state)
+        grouped = by_key(state)
         sums = grouped.pop("")
         order = sorted(grouped.items(), key=lambda item: int(item[1]["width"][0]))
         self.keys = [key for key, _ in order]
@@ -196,7 +204,7 @@ class SteeringReduction(Reduction):
         }
 
     def restore(self, state: Mapping[str, torch.Tensor]) -> None:
-        ((key, parts),) = _by_key(state).items()
+        ((key, parts),) = by_key(state).items()
         self.key, self.sums, self.counts = (
             key,
             [parts["positive"].clone(), parts["negative"].clone()],
@@ -231,7 +239,7 @@ def _sample(dataset: Dataset, index: int, score: float) -> dict[str, Any]:
     return sample
 
 
-def _by_key(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+def by_key(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     grouped: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in state.items():
         key, _, part = name.rpartition("/")
@@ -240,6 +248,10 @@ def _by_key(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tens
 
 
 def reduction(kind: JobKindName, parameters: Mapping[str, Any], dataset: Dataset) -> Reduction:
+    if kind is JobKindName.features:
+        from service.jobs.features import FeaturesReduction  # it builds on this module's Reduction
+
+        return FeaturesReduction(parameters, dataset)
     if kind is JobKindName.steering_vector:
         return SteeringReduction(parameters, dataset)
     if kind is JobKindName.unit_stats:
@@ -256,13 +268,19 @@ def unit_count(kind: JobKindName, parameters: Mapping[str, Any], shape: tuple[in
         return feature_count(shape, cast(FeatureReduce, parameters["reduce"]))
     if kind is JobKindName.steering_vector:
         return feature_count(shape, "flatten")
+    if kind is JobKindName.features:
+        return feature_count(shape, cast(FeatureReduce, parameters["reduce"]))
     return feature_count(shape, "mean")
 
 
-def job_bytes(kind: JobKindName, parameters: Mapping[str, Any], unit_counts: Mapping[str, int]) -> int:
+def job_bytes(kind: JobKindName, parameters: Mapping[str, Any], unit_counts: Mapping[str, int], samples: int) -> int:
     """Disk the job's checkpoint and result take at most, from its layers' unit counts (features for similarity,
-    whose checkpoint holds their cross-covariance, and the same again in memory while it runs)."""
+    whose checkpoint holds their cross-covariance, and the same again in memory while it runs; for features,
+    every sample's row, the checkpoint's rows not yet in a shard and each row's name twice)."""
     total = sum(unit_counts.values())
+    if kind is JobKindName.features:
+        pending = min(samples, int(parameters["shard_size"]))
+        return (samples + pending) * total * 4 + samples * 2 * _NAME + 4096 * (len(unit_counts) + 1)
     if kind is JobKindName.steering_vector:  # two float64 sums, and the float32 vector stored
         return total * (2 * _STORED_NUMBER + 4) + 4096
     if kind is JobKindName.similarity:
@@ -270,5 +288,5 @@ def job_bytes(kind: JobKindName, parameters: Mapping[str, Any], unit_counts: Map
     if kind is JobKindName.unit_stats:
         per_unit = int(parameters["bins"]) + 8  # histogram (with under/over) and the statistics
         return total * per_unit * (_STORED_NUMBER + _JSON_NUMBER) + 4096 * len(unit_counts)
-    per_unit = int(parameters["k"]) * (2 * _STORED_NUMBER + 4 * _JSON_NUMBER + 256)  # 256: a file name
+    per_unit = int(parameters["k"]) * (2 * _STORED_NUMBER + 4 * _JSON_NUMBER + _NAME)
     return total * per_unit + 4096 * len(unit_counts)

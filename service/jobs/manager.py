@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ from service.dataplane.plane import DataPlane
 from service.errors import Conflict, HookserveError, InvalidField, NotFound, TooLarge, first_line
 from service.introspection.layers import resolve_layers
 from service.jobs.datasets import Dataset, Loaded, open_dataset
+from service.jobs.features import INDEX as FEATURES_INDEX
+from service.jobs.features import FeaturesReduction
 from service.jobs.kinds import Reduction, SteeringReduction, job_bytes, reduction, unit_count
 from service.jobs.store import DATABASE, MAX_LISTED_ERRORS, JobRow, JobStore
 from service.jobs.vectors import SteeringVector, check_name, vectors_at, vectors_dir
@@ -106,7 +109,7 @@ class JobManager:
                 f"similarity compares layers: {body.layers} resolved to {sorted(counts) or 'no output'}; "
                 "name at least two layers"
             )
-        needed = job_bytes(body.kind, parameters, counts)
+        needed = job_bytes(body.kind, parameters, counts, total)
         if needed > self.settings.max_job_bytes:
             raise TooLarge(
                 f"this job's checkpoint and result would take about {needed} bytes, over the limit of "
@@ -178,6 +181,16 @@ class JobManager:
             raise NotFound(f"job {job_id}'s result file is missing")
         return data
 
+    def file(self, job_id: str, name: str) -> Path:
+        """A file a succeeded job wrote (a features job's `index.json` and shards; any job's `result.json`)."""
+        row = self.get(job_id)
+        if row.state is not JobState.succeeded:
+            raise Conflict(f"job {job_id} is {row.state}; its files are served once it has succeeded")
+        path = self.store.path(job_id, name) if name != CHECKPOINT else None
+        if path is None:
+            raise NotFound(f"job {job_id} wrote no file {name!r}; its result lists its files")
+        return path
+
     # ---- running -------------------------------------------------------------------------------
     def _launch(self, row: JobRow) -> None:
         task = asyncio.get_running_loop().create_task(self._run(row.id), name=f"hookserve-job-{row.id}")
@@ -223,6 +236,7 @@ class JobManager:
                 )
                 captured = {key: sides["output"] for key, sides in answer.captured.items() if "output" in sides}
                 await self.plane.off_loop(found.update, captured, torch.tensor(loaded.indices))
+                await self._write_files(row, found)
             self._errors(row, dataset, loaded.failed)
             done = indices[-1] + 1
             row.done = done
@@ -234,6 +248,11 @@ class JobManager:
             self.store.save(row)
         if not found.started:
             raise _NoSamples(f"none of the {row.total} samples could be read; see the job's errors")
+        found.finish()
+        await self._write_files(row, found)
+        if isinstance(found, FeaturesReduction):
+            index = found.index(row.model, row.layers, self.settings.job_chunk_size)
+            await self.plane.off_loop(self.store.write, row.id, FEATURES_INDEX, index.encode())
         result = await self.plane.off_loop(_encode_result, found, dataset, row)
         self._check_bytes(row, len(result))
         if isinstance(found, SteeringReduction):
@@ -270,6 +289,12 @@ class JobManager:
         data = await self.plane.off_loop(lambda: save_tensors(tensors, metadata=meta))
         self._check_bytes(row, len(data))
         await self.plane.off_loop(self.store.write, row.id, CHECKPOINT, data)
+
+    async def _write_files(self, row: JobRow, found: Reduction) -> None:
+        """The files the reduction has ready (a features job's shards), each within max_job_bytes with the rest."""
+        for name, data in found.take_files().items():
+            self._check_bytes(row, self.store.size(row.id) + len(data))
+            await self.plane.off_loop(self.store.write, row.id, name, data)
 
     def _store_vector(self, found: SteeringReduction, row: JobRow) -> None:
         assert found.key is not None
@@ -310,7 +335,7 @@ def checkpoint_metadata(data: bytes) -> dict[str, str]:
 
 
 def _way_out(kind: JobKindName) -> str:
-    if kind is JobKindName.similarity:
+    if kind in (JobKindName.similarity, JobKindName.features):
         return 'name fewer layers, or set parameters.reduce to "mean" (one feature per unit)'
     return "name fewer layers or ask for fewer bins or exemplars"
 

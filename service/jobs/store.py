@@ -138,6 +138,18 @@ class JobStore:
         path = self.folder(job_id) / name
         return path.read_bytes() if path.is_file() else None
 
+    def size(self, job_id: str) -> int:
+        """Bytes of every file in the job's folder."""
+        folder = self.folder(job_id)
+        return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
+
+    def path(self, job_id: str, name: str) -> Path | None:
+        """A file of the job's folder, if it is there (`name` is a plain file name, never a path)."""
+        if "/" in name or "\\" in name or name.startswith("."):
+            return None
+        path = self.folder(job_id) / name
+        return path if path.is_file() else None
+
     def remove(self, job_id: str, name: str) -> None:
         (self.folder(job_id) / name).unlink(missing_ok=True)
 

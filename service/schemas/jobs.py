@@ -30,9 +30,11 @@ class JobParameters(BaseModel):
     )
     reduce: Literal["mean", "flatten"] = Field(
         "mean",
-        description="similarity: each sample's features per layer, each unit's mean over its positions or every "
-        "value (the cross-covariance of all features is kept: its size grows with their count squared).",
+        description="similarity and features: each sample's features per layer, each unit's mean over its "
+        "positions or every value (similarity keeps the cross-covariance of all features: its size grows with "
+        "their count squared).",
     )
+    shard_size: int = Field(1024, ge=1, le=65536, description="features: samples per shard file.")
 
     positive: str | None = Field(
         None,
@@ -65,7 +67,8 @@ class JobRequest(BaseModel):
         ...,
         description="unit_stats: per-unit statistics; exemplars: top-k samples per unit; similarity: linear CKA "
         "between every pair of the layers, exact over the data set; steering_vector: the difference of one layer's "
-        "mean output between two classes, stored by name for /interventions.",
+        "mean output between two classes, stored by name for /interventions; features: every sample's reduced "
+        "activations as safetensors shards in the format of `hookserve features`, downloadable.",
     )
     model: str = Field(..., min_length=1, examples=["lenet"])
     dataset: str = Field(

@@ -79,6 +79,7 @@ class JobKindName(StrEnum):  # what a data-set job computes (POST /jobs)
     exemplars = "exemplars"
     similarity = "similarity"
     steering_vector = "steering_vector"
+    features = "features"
 
 
 class JobState(StrEnum):  # a data-set job's life

@@ -3,6 +3,7 @@ loop; bad requests are clear 4xx; cancel stops a job; a restarted server resumes
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from sklearn.datasets import load_digits
 
+from service.client.features import read_features
 from service.codecs.preprocess import preprocess_image
 from service.config import Settings
 from service.introspection.unit_stats import units
@@ -204,6 +206,57 @@ def test_similarity_refuses_one_layer_and_names_reduce_when_too_large(jobs_clien
     assert large.status_code == 413, large.text
     assert "max_job_bytes" in large.text
     assert '"mean"' in large.json()["detail"]
+
+
+FEATURES = {"kind": "features", "model": "lenet", "dataset": "digits", "layers": ["conv2", "fc1"], "limit": SAMPLES}
+FEATURE_PARAMETERS = {"reduce": "mean", "shard_size": 64}
+
+
+def download(client: TestClient, job: dict[str, Any], result: dict[str, Any], folder: Path) -> Path:
+    folder.mkdir()
+    for name in result["files"]:
+        answer = client.get(f"/jobs/{job['id']}/files/{name}", headers=AUTH)
+        assert answer.status_code == 200, answer.text
+        (folder / name).write_bytes(answer.content)
+    return folder
+
+
+def test_features_are_shards_that_read_features_reads_as_a_hand_capture(
+    jobs_client: TestClient, reference: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    info, result = run_job(jobs_client, {**FEATURES, "parameters": FEATURE_PARAMETERS})
+    assert info["state"] == "succeeded", info
+    assert result["rows"] == SAMPLES
+    assert [s["rows"] for s in result["shards"]] == [64, 64, 64, 8]
+    assert result["files"] == ["index.json", *(f"features-{i:05d}.safetensors" for i in range(4))]
+    folder = download(jobs_client, info, result, tmp_path / "features")
+    for layer, expected in (("conv2", units(reference["conv2"]).mean(dim=2)), ("fc1", reference["fc1"])):
+        names, values = read_features(folder, f"{layer}:output")
+        assert names == [f"digits/{i}" for i in range(SAMPLES)]
+        torch.testing.assert_close(torch.from_numpy(values), expected.float(), rtol=1e-5, atol=1e-5)
+    for shard in result["shards"]:
+        assert hashlib.sha256((folder / shard["file"]).read_bytes()).hexdigest() == shard["sha256"]
+    for name, status in (("checkpoint.safetensors", 404), ("../jobs.sqlite", 404), (".hidden", 404)):
+        assert jobs_client.get(f"/jobs/{info['id']}/files/{name}", headers=AUTH).status_code == status, name
+    assert jobs_client.get(f"/jobs/{info['id']}/files/index.json").status_code == 401
+
+
+def test_a_features_job_resumed_after_a_restart_writes_the_same_bytes(jobs_client: TestClient, tmp_path: Path) -> None:
+    _, whole = run_job(jobs_client, {**FEATURES, "parameters": FEATURE_PARAMETERS})
+    settings = settings_for(tmp_path, job_chunk_size=4, job_checkpoint_s=0.0)
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        job_id = client.post("/jobs", json={**FEATURES, "parameters": FEATURE_PARAMETERS}, headers=AUTH).json()["id"]
+        deadline = time.monotonic() + 60
+        while client.get(f"/jobs/{job_id}", headers=AUTH).json()["done"] < 100:  # past the first shard
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    with TestClient(create_app(settings)) as client:
+        ended = wait_ended(client, job_id)
+        assert ended["state"] == "succeeded", ended
+        assert ended["resumed_from"] is not None
+        resumed = client.get(f"/jobs/{job_id}/result", headers=AUTH).json()
+    assert resumed["shards"] == whole["shards"]  # rows, sizes and SHA-256 of every shard
 
 
 STEER = {"kind": "steering_vector", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": SAMPLES}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 
 from service.api.auth import require_admin
 from service.api.bodies import read_json, validate
@@ -95,6 +95,22 @@ async def cancel_job(job_id: str, jobs: JobsDep) -> JobInfo:
 )
 async def job_result(job_id: str, jobs: JobsDep) -> Response:
     return Response(await jobs.result(job_id), media_type="application/json")
+
+
+MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/octet-stream"}
+
+
+@router.get(
+    "/jobs/{job_id}/files/{name}",
+    summary="A file a succeeded job wrote: a features job's index.json and shards (admin)",
+    responses={
+        200: {"content": {"application/octet-stream": {}, "application/json": {}}},
+        **error_responses(401, 403, 404, 409),
+    },
+)
+async def job_file(job_id: str, name: str, jobs: JobsDep) -> FileResponse:
+    path = jobs.file(job_id, name)
+    return FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"))
 
 
 def vector_info(vector: SteeringVector) -> VectorInfo:
