@@ -130,8 +130,9 @@ class AsyncClient(ClientBase):
         parameters: Mapping[str, Any] | None = None,
         timeout: TimeoutArg = DEFAULT,
     ) -> dict[str, Any]:
-        """Start a data-set job (admin token): `unit_stats`, `exemplars`, `similarity`, `steering_vector` or `features` of `layers` over `dataset`
-        (`digits`, or a folder under the server's data dir); the queued job, with its `id`."""
+        """Start a data-set job (admin token) over `dataset` (`digits`, or a folder under the server's
+        data dir): `unit_stats`, `exemplars`, `similarity`, `steering_vector` or `features` of `layers`; the
+        queued job, with its `id`."""
         body = calls.job_body(kind, model, dataset, layers, limit=limit, parameters=parameters)
         return await self.send(calls.start_job(body), timeout)
 
@@ -150,6 +151,19 @@ class AsyncClient(ClientBase):
     async def job_result(self, job_id: str, *, timeout: TimeoutArg = DEFAULT) -> dict[str, Any]:
         """A succeeded job's result (admin token); `Conflict` while it runs or when it failed."""
         return await self.send(calls.job_result(job_id), timeout)
+
+    async def download_job(self, job_id: str, out_dir: str | Path, *, timeout: TimeoutArg = DEFAULT) -> Path:
+        """Every file a succeeded job's result lists (a features job's `index.json` and shards, each checked
+        against its SHA-256) into `out_dir`; `read_features(out_dir)` then reads them."""
+        from service.client.features.store import write_atomic  # the features package imports this client
+
+        result = await self.job_result(job_id, timeout=timeout)
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in result.get("files", []):
+            data = await self.send(calls.job_file(job_id, name), timeout)
+            write_atomic(folder / name, calls.check_job_file(name, data, result))
+        return folder
 
     async def wait_for_job(self, job_id: str, *, timeout: float = 3600.0, poll: float = 0.5) -> dict[str, Any]:
         """Poll until the job ends (succeeded, failed or cancelled) and return its last state;

@@ -6,6 +6,7 @@ A `Call` is protocol data only (method, path, query, a body factory, a parser); 
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -462,6 +463,23 @@ def cancel_job(job_id: str) -> Call[dict[str, Any]]:
 
 def job_result(job_id: str) -> Call[dict[str, Any]]:
     return Call("GET", f"/jobs/{_name(job_id)}/result", _json, admin=True)
+
+
+def job_file(job_id: str, name: str) -> Call[bytes]:
+    return Call("GET", f"/jobs/{_name(job_id)}/files/{_name(name)}", _content, admin=True)
+
+
+def _content(response: httpx.Response) -> bytes:
+    return response.content
+
+
+def check_job_file(name: str, data: bytes, result: Mapping[str, Any]) -> bytes:
+    """`data` as the job's result records it (size and SHA-256 of each shard); `ValueError` if it is not."""
+    for shard in result.get("shards", []):
+        recorded = (shard.get("bytes"), shard.get("sha256"))
+        if shard.get("file") == name and (len(data), hashlib.sha256(data).hexdigest()) != recorded:
+            raise ValueError(f"{name}: {len(data)} bytes that do not match the job's record of them")
+    return data
 
 
 def raw(method: str, path: str, **params: Any) -> Call[Any]:
