@@ -232,3 +232,23 @@ def attention_png(image: torch.Tensor, maps: torch.Tensor, preprocess: Preproces
     enlarged = F.interpolate(scaled, size=size, mode="nearest")[:, 0]
     tiles = [heatmap_overlay(picture, heat, alpha) for heat in enlarged]
     return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))
+
+
+def exemplar_maps_png(inputs: torch.Tensor, maps: torch.Tensor, preprocess: PreprocessSpec, alpha: float) -> bytes:
+    """A unit's top samples `[k, C, H, W]`, each with the unit's map `[k, h, w]` over it: one scale for every
+    tile (the maps' common min to max), so a brighter tile is a stronger response, enlarged (bilinear) to the
+    input and blended over the de-normalised image; small inputs are enlarged (nearest) to be seen."""
+    images = [denormalize(x.float(), preprocess) for x in inputs]
+    flat = maps.float()
+    low, high = float(flat.min()), float(flat.max())
+    scaled = (flat - low) / (high - low) if high > low else torch.zeros_like(flat)
+    side = min(images[0].shape[-2:])
+    factor = -(-MIN_GRID_TILE // side) if side < MIN_GRID_TILE else 1
+    tiles = []
+    for image, heat in zip(images, scaled, strict=True):
+        picture = F.interpolate(image[None], scale_factor=factor, mode="nearest")[0] if factor > 1 else image
+        size = tuple(picture.shape[-2:])
+        spread = F.interpolate(heat[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
+        tiles.append(heatmap_overlay(picture, spread.clamp(0.0, 1.0), alpha))
+    cols = len(tiles) if len(tiles) <= ROW_MAX else math.ceil(math.sqrt(len(tiles)))
+    return _encode(_grid(tiles, cols, fill=SEPARATOR_VALUE))

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from service.codecs.pictures import exemplar_maps_png
 from service.config import Settings
 from service.dataplane.plane import DataPlane
 from service.errors import Conflict, HookserveError, InvalidField, NotFound, TooLarge, first_line
@@ -190,6 +191,34 @@ class JobManager:
         if path is None:
             raise NotFound(f"job {job_id} wrote no file {name!r}; its result lists its files")
         return path
+
+    async def exemplar_maps(self, job_id: str, layer: str, unit: int, alpha: float) -> bytes:
+        """PNG: an exemplars job's top samples of one unit, each with the unit's map over it (one shared scale)."""
+        row = self.get(job_id)
+        if row.kind != JobKindName.exemplars.value:
+            raise InvalidField(f"job {job_id} is a {row.kind} job; exemplar maps come from an exemplars job")
+        result = json.loads(await self.result(job_id))
+        layers: dict[str, list[list[dict[str, Any]]]] = result["layers"]
+        if layer not in layers:
+            raise InvalidField(f"job {job_id} ranked no layer {layer!r}; it ranked {sorted(layers)}")
+        if not 0 <= unit < len(layers[layer]):
+            raise InvalidField(f"{layer!r} has units 0..{len(layers[layer]) - 1}; unit {unit} is not one of them")
+        served = self.plane.ready(row.model)
+        model = served.model
+        dataset = await self.plane.off_loop(open_dataset, row.dataset, self.settings.data_dir)
+        indices = [int(sample["index"]) for sample in layers[layer][unit]]
+        loaded: Loaded = await self.plane.off_loop(dataset.load, indices, model, self.settings.max_image_pixels)
+        if loaded.inputs is None or loaded.failed:
+            raise Conflict(f"the job's samples {[i for i, _ in loaded.failed]} can no longer be read")
+        base = layer.split("#", 1)[0]
+        answer: CaptureResult = await served.executor.submit(ACTIVATIONS, loaded.inputs, CaptureRequest((base,)))
+        t = answer.captured[layer]["output"]
+        if t.ndim != 4:
+            raise InvalidField(
+                f"{layer!r} gives {list(t.shape[1:])} per sample: maps need a feature map [C, H, W]; "
+                "the result's scores are the whole story for it"
+            )
+        return await self.plane.off_loop(exemplar_maps_png, loaded.inputs, t[:, unit], model.preprocess, alpha)
 
     # ---- running -------------------------------------------------------------------------------
     def _launch(self, row: JobRow) -> None:

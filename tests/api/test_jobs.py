@@ -18,6 +18,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from service.client.features import read_features
+from service.codecs.pictures import exemplar_maps_png
 from service.codecs.preprocess import preprocess_image
 from service.config import Settings
 from service.introspection.unit_stats import units
@@ -173,6 +174,36 @@ def test_exemplars_equal_a_hand_loop(jobs_client: TestClient, reference: dict[st
             assert [s["index"] for s in found] == expected
             assert [s["label"] for s in found] == [int(labels[i]) for i in expected]
             assert_close([s["score"] for s in found], scores[unit, expected])
+
+
+def test_exemplar_maps_show_the_unit_over_its_top_samples(jobs_client: TestClient, lenet: LeNet) -> None:
+    body = {"kind": "exemplars", "model": "lenet", "dataset": "digits", "layers": ["conv2", "fc1"], "limit": SAMPLES}
+    info, result = run_job(jobs_client, {**body, "parameters": {"k": 4}})
+    url = f"/jobs/{info['id']}/exemplars.png"
+    answer = jobs_client.get(url, params={"layer": "conv2", "unit": 3}, headers=AUTH)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "image/png"
+    got = np.asarray(Image.open(io.BytesIO(answer.content)).convert("RGB")).astype(int)
+    assert got.shape == (128, 4 * 128 + 3 * 2, 3)  # four 32 px digits enlarged to 128 px, in one row
+    x, _ = digits_batch(SAMPLES)
+    top = x[[s["index"] for s in result["layers"]["conv2"][3]]]
+    maps = direct_capture(lenet, ["conv2"], top)["conv2"]["output"][:, 3]
+    want = np.asarray(Image.open(io.BytesIO(exemplar_maps_png(top, maps, lenet_preprocess_spec(), 0.5))))
+    assert np.abs(got - want.astype(int)).max() <= 1
+    assert got[:, :128].std() > 10  # an image, not a flat tile
+    cases: list[tuple[dict[str, str | int], str]] = [
+        ({"layer": "fc1", "unit": 0}, "feature map"),
+        ({"layer": "conv2", "unit": 16}, "units 0..15"),
+        ({"layer": "conv9", "unit": 0}, "ranked no layer"),
+    ]
+    for params, words in cases:
+        refused = jobs_client.get(url, params=params, headers=AUTH)
+        assert refused.status_code == 422, refused.text
+        assert words in refused.text
+    stats, _ = run_job(jobs_client, BASE)
+    wrong_kind = jobs_client.get(f"/jobs/{stats['id']}/exemplars.png", params={"layer": "fc1", "unit": 0}, headers=AUTH)
+    assert wrong_kind.status_code == 422
+    assert jobs_client.get(url, params={"layer": "conv2", "unit": 3}).status_code == 401
 
 
 @pytest.mark.parametrize(("reduce", "layers"), [("mean", LAYERS), ("flatten", ["fc1", "fc2", "fc3"])])

@@ -4,7 +4,9 @@ a job spends minutes of compute and reads server-side data."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse
 
@@ -111,6 +113,22 @@ MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/octet-s
 async def job_file(job_id: str, name: str, jobs: JobsDep) -> FileResponse:
     path = jobs.file(job_id, name)
     return FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"))
+
+
+@router.get(
+    "/jobs/{job_id}/exemplars.png",
+    summary="An exemplars job's top samples of one unit, each with the unit's map over it (admin)",
+    responses={200: {"content": {"image/png": {}}}, **error_responses(401, 403, 404, 409, 422)},
+)
+async def exemplar_maps(
+    job_id: str,
+    jobs: JobsDep,
+    layer: Annotated[str, Query(min_length=1, description="A layer the job ranked (a capture key: `relu#2`).")],
+    unit: Annotated[int, Query(ge=0, description="The unit (channel).")],
+    alpha: Annotated[float, Query(ge=0.0, le=1.0, description="The maps' opacity over the images.")] = 0.5,
+) -> Response:
+    """Tiles in rank order; every map on one scale (the unit's min to max over these samples)."""
+    return Response(await jobs.exemplar_maps(job_id, layer, unit, alpha), media_type="image/png")
 
 
 def vector_info(vector: SteeringVector) -> VectorInfo:
