@@ -57,7 +57,8 @@ def settings_for(root: Path, **overrides: Any) -> Settings:
 
 
 def write_folder(data: Path) -> list[tuple[str, int]]:
-    """`data/shapes/{even,odd}/` PNGs of the first 24 digits, and a corrupt file in `odd`; (file, label) in order."""
+    """`data/shapes/{even,odd}/` PNGs of the first 24 digits and a corrupt file in `odd`, `data/jpegs/` the same
+    digits as 64 px JPEGs; (file, label) of `shapes` in order."""
     digits = load_digits()
     for i in range(24):
         folder = data / "shapes" / ("even" if digits.target[i] % 2 == 0 else "odd")
@@ -65,6 +66,9 @@ def write_folder(data: Path) -> list[tuple[str, int]]:
         buf = io.BytesIO()
         digit_image(digits.images[i]).save(buf, format="PNG")
         (folder / f"d{i:02d}.png").write_bytes(buf.getvalue())
+        jpeg = data / "jpegs" / folder.name
+        jpeg.mkdir(parents=True, exist_ok=True)
+        digit_image(digits.images[i]).resize((64, 64)).save(jpeg / f"d{i:02d}.jpg", format="JPEG", quality=90)
     (data / "shapes" / "odd" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     (data / "empty" / "cls").mkdir(parents=True)
     (data / "empty" / "cls" / "notes.txt").write_text("no images here")
@@ -379,6 +383,25 @@ def test_an_image_folder_gives_labels_and_files_and_lists_unreadable_ones(
         order = sorted(range(len(files)), key=lambda i: (-float(logits[i, unit]), i))[:3]
         assert [s["file"] for s in found] == [names[i] for i in order]
         assert [s["label"] for s in found] == [0 if names[i].startswith("even") else 1 for i in order]
+
+
+def test_unit_stats_over_a_jpeg_folder_equal_a_hand_loop(jobs_client: TestClient, lenet: LeNet) -> None:
+    """64 px JPEGs, decoded and resized by the model's preprocessing as a /predict upload would be."""
+    body = {"kind": "unit_stats", "model": "lenet", "dataset": "jpegs", "layers": ["conv1"], "parameters": {"bins": 8}}
+    info, result = run_job(jobs_client, body)
+    assert info["state"] == "succeeded", info
+    assert (info["total"], info["error_count"]) == (24, 0)
+    folder = Path(jobs_client.app.state.hookserve.settings.data_dir) / "jpegs"  # type: ignore[attr-defined]
+    files = sorted(folder.rglob("*.jpg"), key=lambda p: (p.parent.name, p.name))
+    spec = lenet_preprocess_spec()
+    x = torch.stack([preprocess_image(Image.open(p), spec, 3) for p in files])
+    v = units(direct_capture(lenet, ["conv1"], x)["conv1"]["output"])
+    flat = v.transpose(0, 1).reshape(v.shape[1], -1)
+    got = result["layers"]["conv1"]
+    assert got["count"] == flat.shape[1]
+    assert_close(got["mean"], flat.mean(dim=1))
+    assert_close(got["std"], flat.std(dim=1, unbiased=False))
+    assert_close(got["max"], flat.amax(dim=1))
 
 
 def test_a_server_that_runs_no_job_writes_nothing(tmp_path: Path) -> None:
