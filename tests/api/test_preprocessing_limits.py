@@ -12,7 +12,7 @@ import json
 import struct
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image, ImageFile
@@ -26,7 +26,7 @@ def encoded(size: tuple[int, int], fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def predict(client: TestClient, data: bytes, name: str = "x.png") -> httpx.Response:
+def predict(client: TestClient, data: bytes, name: str = "x.png") -> httpx2.Response:
     return client.post("/predict", data={"model": "lenet"}, files={"image": (name, data)})
 
 
