@@ -124,3 +124,51 @@ def test_an_input_the_model_cannot_take_is_refused_with_the_reason(make_client: 
     assert "lenet cannot take inputs of shape [3, 1, 2000]" in detail
     assert "Kernel size can't be greater than actual input size" in detail
     assert "its input size [3, 32, 32]" in detail
+
+
+BRANCHY_PY = '''
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    """Branches on a value, so its shapes cannot be propagated on the meta device."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = y if float(y.sum()) > 0 else -y
+        return self.fc(y.mean((2, 3)))
+'''
+
+BRANCHY_CONFIG = """
+[[models]]
+name = "branchy"
+source = "python"
+architecture = "branchy.py:Branchy"
+input_size = [3, 16, 16]
+"""
+
+
+def test_a_model_the_meta_device_cannot_run_is_probed_for_real_only_when_small(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """No larger than its input size: one real sample tells the shapes. Larger: refused with the reason."""
+    (tmp_path / "branchy.py").write_text(BRANCHY_PY)
+    client = make_client(BRANCHY_CONFIG, max_binary_response_bytes=1)
+    small = client.post("/activations", json={**body((3, 4, 12), "safetensors"), "model": "branchy"})
+    assert small.status_code == 413, small.text
+    found = re.search(r"the binary answer would be (\d+) bytes", small.json()["detail"])
+    assert found is not None, small.text
+    conv, fc = 3 * 4 * 12 + 4 * 4 * 12, 4 + 2  # the conv's input and output, the linear layer's
+    assert int(found.group(1)) == (conv + fc) * 4
+    large = client.post("/activations", json={**body((3, 1, 1000), "stats"), "model": "branchy"})
+    assert large.status_code == 422, large.text
+    detail = large.json()["detail"]
+    assert "cannot be told without running it" in detail
+    assert "no larger than its input size [3, 16, 16]" in detail
