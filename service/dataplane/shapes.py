@@ -20,6 +20,7 @@ import torch
 from service.errors import InvalidField, first_line
 from service.introspection.shape_propagation import ShapesUnknown
 from service.introspection.shapes import LayerShapes, probe_shapes
+from service.runtime.batching import foreign_shape
 from service.runtime.fleet import ServedModel
 
 
@@ -47,13 +48,10 @@ async def shapes_at(served: ServedModel, sample: tuple[int, ...], pool: Executor
 def _refusal(served: ServedModel, sample: tuple[int, ...], unknown: ShapesUnknown) -> InvalidField:
     model = served.model
     if unknown.model_error:
-        return InvalidField(
-            f"{model.name} cannot take inputs of shape {list(sample)} ({unknown.reason}); send inputs shaped like "
-            f"its input size {model.input_size}"
-        )
+        return foreign_shape(model, list(sample), unknown.reason)
     return InvalidField(
-        f"the memory {model.name} needs for inputs of shape {list(sample)} cannot be told without running it (its "
-        f"layers' shapes do not propagate on the meta device: {unknown.reason}); send inputs no larger than its "
+        f"the memory {model.name} needs for samples of shape {list(sample)} cannot be told without running it (its "
+        f"layers' shapes do not propagate on the meta device: {unknown.reason}); send samples no larger than its "
         f"input size {model.input_size}"
     )
 
@@ -64,8 +62,5 @@ def _probe(served: ServedModel, sample: tuple[int, ...]) -> LayerShapes:
     x = torch.zeros((1, *sample), dtype=model.dtype, device=model.device)
     try:
         return probe_shapes(model.module, x, model.module)
-    except (RuntimeError, ValueError, IndexError) as exc:
-        raise InvalidField(
-            f"{model.name} cannot take inputs of shape {list(sample)} ({first_line(exc)}); send inputs shaped "
-            f"like its input size {model.input_size}"
-        ) from None
+    except (RuntimeError, ValueError, IndexError, AssertionError) as exc:  # timm checks input sizes with asserts
+        raise foreign_shape(model, list(sample), first_line(exc)) from None
