@@ -120,3 +120,23 @@ def test_a_module_that_cannot_be_deep_copied_is_copied_module_by_module() -> Non
     propagation = ShapePropagation(model, probed(model, (3, 8, 8)))
     assert shape_table(propagation.at((3, 1, 40))) == shape_table(probed(model, (3, 1, 40)))
     assert model.conv.weight.device.type == "cpu"
+
+
+@torch.library.custom_op("hookserve_test::cpu_only", mutates_args=())
+def cpu_only(x: torch.Tensor) -> torch.Tensor:
+    """An op registered for real tensors alone: no meta (fake) kernel."""
+    return x.clone()
+
+
+class NoMetaKernel(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = cpu_only(x)
+        return y
+
+
+def test_an_op_without_a_meta_kernel_is_unknown_not_an_error_of_the_input() -> None:
+    model = NoMetaKernel().eval()
+    propagation = ShapePropagation(model, probed(model, (3, 8, 8)))
+    with pytest.raises(ShapesUnknown) as info:
+        propagation.at((3, 4, 4))
+    assert not info.value.model_error
