@@ -84,6 +84,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = 64 * MiB
     max_inputs: int = 64
     max_image_pixels: int = 40_000_000
+    max_preprocessed_pixels: int = Field(
+        40_000_000,
+        ge=1,
+        description="Most pixels any step of a model's preprocessing (resize, pad, crop) may make from one image, "
+        "computed from the image's header before it is decoded: 413 over it. A 1x100000 PNG passes "
+        "max_image_pixels, but resizing its shorter side to 256 would make 256x25600000 pixels. The default lets "
+        "an image through whose sides are up to 610:1 apart for a model resizing to 256.",
+    )
     max_layers: int = 256
     max_json_response_bytes: int = 64 * MiB
     max_binary_response_bytes: int = 1024 * MiB

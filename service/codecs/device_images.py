@@ -17,7 +17,13 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from service.codecs.jpeg_check import jpeg_is_complete
-from service.codecs.preprocess import center_crop_box, per_channel, resized_size
+from service.codecs.preprocess import (
+    DEFAULT_MAX_PREPROCESSED_PIXELS,
+    center_crop_box,
+    check_preprocessing,
+    per_channel,
+    resized_size,
+)
 from service.errors import BadInput, TooLarge
 from service.specs.model import Interpolation, PreprocessSpec
 
@@ -33,15 +39,24 @@ def is_jpeg(data: bytes) -> bool:
 
 
 def jpeg_to_tensor(
-    data: bytes, spec: PreprocessSpec, channels: int, max_pixels: int, *, device: torch.device, where: str = "image"
+    data: bytes,
+    spec: PreprocessSpec,
+    channels: int,
+    max_pixels: int,
+    *,
+    device: torch.device,
+    where: str = "image",
+    max_preprocessed: int = DEFAULT_MAX_PREPROCESSED_PIXELS,
 ) -> torch.Tensor:
-    """Decode a JPEG on `device` and preprocess it there; the pixel limit is checked from the header first."""
+    """Decode a JPEG on `device` and preprocess it there; the pixel limits (the image's and its preprocessing's)
+    are checked from the header first."""
     try:
         width, height = Image.open(io.BytesIO(data)).size  # reads the header only
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise BadInput(f"{where} is not a decodable JPEG") from None
     if width * height > max_pixels:
         raise TooLarge(f"{where} is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    check_preprocessing(width, height, spec, max_preprocessed, where)
     if not jpeg_is_complete(data):  # nvJPEG, like libjpeg, would fill the missing blocks with grey
         raise BadInput(f"{where} could not be decoded (truncated or corrupt JPEG)")
     gray = spec.grayscale or channels == 1

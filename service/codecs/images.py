@@ -1,14 +1,16 @@
-"""Encoded images in: header check against the pixel limit, then decode and preprocess."""
+"""Encoded images in: header checks against the pixel limits (the image's, and those of the images its
+preprocessing will make), then decode and preprocess."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from service.codecs.jpeg_check import jpeg_is_complete
-from service.codecs.preprocess import preprocess_image
+from service.codecs.preprocess import DEFAULT_MAX_PREPROCESSED_PIXELS, check_preprocessing, preprocess_image
 from service.errors import BadInput, TooLarge
 from service.specs.model import PreprocessSpec
 
@@ -16,8 +18,11 @@ from service.specs.model import PreprocessSpec
 Image.MAX_IMAGE_PIXELS = None
 
 
-def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Image:
-    """Open and fully decode an image; refuse oversize ones from their header alone."""
+def open_image(
+    data: bytes, max_pixels: int, where: str = "image", before_decoding: Callable[[int, int], None] | None = None
+) -> Image.Image:
+    """Open and fully decode an image; refuse oversize ones from their header alone (`before_decoding(width,
+    height)`: further checks on the header's size, before any pixel is decoded)."""
     # PIL's own bomb check is off (MAX_IMAGE_PIXELS None): it never warns here, so no thread-unsafe
     # `warnings.catch_warnings()` around it; a DecompressionBombError comes only from code that resets the limit.
     try:
@@ -34,6 +39,8 @@ def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Imag
         )
     if width == 0 or height == 0:
         raise BadInput(f"{where} has no pixels")
+    if before_decoding is not None:
+        before_decoding(width, height)
     if image.format in ("JPEG", "MPO") and not jpeg_is_complete(data):  # libjpeg would fill it with grey
         raise BadInput(f"{where} could not be decoded (truncated or corrupt)")
     try:
@@ -44,8 +51,19 @@ def open_image(data: bytes, max_pixels: int, where: str = "image") -> Image.Imag
 
 
 def image_to_tensor(
-    data: bytes, spec: PreprocessSpec, channels: int, max_pixels: int, where: str = "image"
+    data: bytes,
+    spec: PreprocessSpec,
+    channels: int,
+    max_pixels: int,
+    where: str = "image",
+    *,
+    max_preprocessed: int = DEFAULT_MAX_PREPROCESSED_PIXELS,
 ) -> torch.Tensor:
-    """Decode + preprocess one image into the model's float32 [C, H, W] input."""
-    image = open_image(data, max_pixels, where)
+    """Decode + preprocess one image into the model's float32 [C, H, W] input; every preprocessing step's size
+    is checked against `max_preprocessed` from the header, before decoding."""
+
+    def bounded(width: int, height: int) -> None:
+        check_preprocessing(width, height, spec, max_preprocessed, where)
+
+    image = open_image(data, max_pixels, where, bounded)
     return preprocess_image(image, spec, channels)

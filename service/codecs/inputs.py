@@ -8,6 +8,7 @@ import torch
 
 from service.codecs.device_images import is_jpeg, jpeg_to_tensor
 from service.codecs.images import image_to_tensor
+from service.codecs.preprocess import DEFAULT_MAX_PREPROCESSED_PIXELS
 from service.codecs.tensors import decode_b64, tensor_from_payload
 from service.errors import InvalidField, TooLarge
 from service.registry.loaded import LoadedModel
@@ -15,19 +16,27 @@ from service.schemas.common import InputItem
 
 
 def decode_batch(
-    items: Sequence[InputItem], images: Sequence[bytes] | None, model: LoadedModel, max_pixels: int
+    items: Sequence[InputItem],
+    images: Sequence[bytes] | None,
+    model: LoadedModel,
+    max_pixels: int,
+    max_preprocessed: int = DEFAULT_MAX_PREPROCESSED_PIXELS,
 ) -> torch.Tensor:
-    """Decode every input and stack them. Runs on a thread pool, never on the event loop."""
+    """Decode every input and stack them. Runs on a thread pool, never on the event loop.
+
+    `max_pixels` bounds each image (from its header) and each tensor's pixels per channel; `max_preprocessed`
+    the images an image's preprocessing makes (from its header too). What a tensor of any shape costs in the
+    model is bounded after this, from its exact layer shapes (`service.dataplane.shapes`)."""
     samples: list[torch.Tensor] = []
     if images is not None:
         for i, data in enumerate(images):
-            samples.append(_image(data, model, max_pixels, f"image[{i}]"))
+            samples.append(_image(data, model, (max_pixels, max_preprocessed), f"image[{i}]"))
     else:
         for i, item in enumerate(items):
             where = f"inputs[{i}]"
             if item.image is not None:
                 data = decode_b64(item.image, f"{where}.image")
-                samples.append(_image(data, model, max_pixels, f"{where}.image"))
+                samples.append(_image(data, model, (max_pixels, max_preprocessed), f"{where}.image"))
             elif item.tensor is not None:
                 t = item.tensor
                 tensor = tensor_from_payload(t.shape, t.dtype, t.data, t.b64, f"{where}.tensor")
@@ -38,11 +47,21 @@ def decode_batch(
     return torch.stack(samples) if len(samples) > 1 else samples[0].unsqueeze(0)
 
 
-def _image(data: bytes, model: LoadedModel, max_pixels: int, where: str) -> torch.Tensor:
-    """JPEGs for CUDA models are decoded on the GPU (nvJPEG); everything else through PIL."""
+def _image(data: bytes, model: LoadedModel, limits: tuple[int, int], where: str) -> torch.Tensor:
+    """JPEGs for CUDA models are decoded on the GPU (nvJPEG); everything else through PIL. `limits`: the image's
+    pixels, and those of any image its preprocessing makes."""
+    max_pixels, max_preprocessed = limits
     if model.device.type == "cuda" and is_jpeg(data):
-        return jpeg_to_tensor(data, model.preprocess, model.channels, max_pixels, device=model.device, where=where)
-    return image_to_tensor(data, model.preprocess, model.channels, max_pixels, where)
+        return jpeg_to_tensor(
+            data,
+            model.preprocess,
+            model.channels,
+            max_pixels,
+            device=model.device,
+            where=where,
+            max_preprocessed=max_preprocessed,
+        )
+    return image_to_tensor(data, model.preprocess, model.channels, max_pixels, where, max_preprocessed=max_preprocessed)
 
 
 def _check_tensor(tensor: torch.Tensor, model: LoadedModel, max_pixels: int, where: str) -> torch.Tensor:

@@ -28,6 +28,7 @@ from service.codecs.oip import (
     encode_tensor,
     split_body,
 )
+from service.codecs.preprocess import DEFAULT_MAX_PREPROCESSED_PIXELS
 from service.config import Settings
 from service.dtypes import BY_TORCH
 from service.errors import BadInput, InvalidField, TooLarge
@@ -95,13 +96,26 @@ def tensor_batch(array: np.ndarray[Any, Any], datatype: Datatype, model: LoadedM
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
-def image_batch(array: np.ndarray[Any, Any], model: LoadedModel, max_inputs: int, max_pixels: int) -> torch.Tensor:
-    """A BYTES input of shape [N] or [N, 1]: N encoded images, preprocessed like /predict's."""
+def image_batch(
+    array: np.ndarray[Any, Any],
+    model: LoadedModel,
+    max_inputs: int,
+    max_pixels: int,
+    max_preprocessed: int = DEFAULT_MAX_PREPROCESSED_PIXELS,
+) -> torch.Tensor:
+    """A BYTES input of shape [N] or [N, 1]: N encoded images, preprocessed like /predict's (and bounded alike)."""
     if array.ndim not in (1, 2) or (array.ndim == 2 and array.shape[1] != 1):
         raise InvalidField(f"BYTES {INPUT_NAME} holds encoded images: shape [N] or [N, 1], not {list(array.shape)}")
     _check_count(array.shape[0], max_inputs)
     samples = [
-        image_to_tensor(bytes(data), model.preprocess, model.channels, max_pixels, f"{INPUT_NAME}[{i}]")
+        image_to_tensor(
+            bytes(data),
+            model.preprocess,
+            model.channels,
+            max_pixels,
+            f"{INPUT_NAME}[{i}]",
+            max_preprocessed=max_preprocessed,
+        )
         for i, data in enumerate(array.reshape(-1))
     ]
     shapes = {tuple(s.shape) for s in samples}
@@ -204,7 +218,9 @@ def model_batch(
 ) -> torch.Tensor:
     """The input's array as the model's batch: encoded images (BYTES) or numbers."""
     if datatype is Datatype.BYTES:
-        return image_batch(array, model, settings.max_inputs, settings.max_image_pixels)
+        return image_batch(
+            array, model, settings.max_inputs, settings.max_image_pixels, settings.max_preprocessed_pixels
+        )
     return tensor_batch(array, datatype, model, settings.max_inputs)
 
 

@@ -6,11 +6,17 @@ filters are antialiased), then scaling to [0, 1] and per-channel normalization.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from PIL import Image
 
+from service.config import Settings
+from service.errors import TooLarge
 from service.specs.model import Interpolation, PreprocessSpec
+
+DEFAULT_MAX_PREPROCESSED_PIXELS: int = Settings.model_fields["max_preprocessed_pixels"].default
 
 _PIL_FILTERS = {
     Interpolation.bilinear: Image.Resampling.BILINEAR,
@@ -31,6 +37,51 @@ def center_crop_box(width: int, height: int, crop: int) -> tuple[int, int, int, 
     top = round((height - crop) / 2.0)
     left = round((width - crop) / 2.0)
     return left, top, left + crop, top + crop
+
+
+@dataclass(frozen=True)
+class Step:
+    """One preprocessing step's result: what it does and the image it makes (width x height)."""
+
+    does: str
+    width: int
+    height: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def preprocessing_steps(width: int, height: int, spec: PreprocessSpec) -> list[Step]:
+    """The image each step of `preprocess_image` makes from a `width` x `height` one, computed without pixels."""
+    steps = [Step("decoding it", width, height)]
+    if spec.resize is not None:
+        width, height = resized_size(width, height, spec.resize)
+        steps.append(Step(f"resizing its shorter side to {spec.resize}", width, height))
+    if spec.crop is not None:
+        if width < spec.crop or height < spec.crop:
+            width, height = max(width, spec.crop), max(height, spec.crop)
+            steps.append(Step(f"padding it to the {spec.crop}-pixel crop", width, height))
+        steps.append(Step(f"cropping it to {spec.crop}x{spec.crop}", spec.crop, spec.crop))
+    return steps
+
+
+def check_preprocessing(width: int, height: int, spec: PreprocessSpec, max_pixels: int, where: str) -> None:
+    """413 when a step of the model's preprocessing would make an image of more than `max_pixels` pixels, told
+    from the header alone (a 1 x 100000 PNG resized to a shorter side of 256 would be 256 x 25600000)."""
+    largest = max(preprocessing_steps(width, height, spec), key=lambda step: step.pixels)
+    if largest.pixels <= max_pixels:
+        return
+    if spec.resize is not None:
+        ratio = max(1, max_pixels // (spec.resize * spec.resize))
+        way_out = f"send an image nearer to square (sides at most {ratio}:1 for this model; crop or pad it)"
+    else:
+        way_out = "send a smaller image"
+    raise TooLarge(
+        f"{where} is {width}x{height}; the model's preprocessing, {largest.does}, would make a "
+        f"{largest.width}x{largest.height} image ({largest.pixels} pixels), over the limit of {max_pixels} "
+        f"(max_preprocessed_pixels); {way_out}, or raise max_preprocessed_pixels"
+    )
 
 
 def preprocess_image(image: Image.Image, spec: PreprocessSpec, channels: int) -> torch.Tensor:

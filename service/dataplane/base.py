@@ -13,6 +13,7 @@ import torch
 from service.codecs.inputs import decode_batch
 from service.config import Settings
 from service.dataplane.costs import Estimate, check_answer
+from service.dataplane.shapes import shapes_at
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
@@ -49,7 +50,10 @@ class PlaneBase:
         self, items: Sequence[InputItem], images: Sequence[bytes] | None, model: LoadedModel
     ) -> torch.Tensor:
         """A request's inputs as one batch `[N, ...]`, decoded on the decode pool (never on the event loop)."""
-        return await self.off_loop(decode_batch, items, images, model, self.settings.max_image_pixels)
+        settings = self.settings
+        return await self.off_loop(
+            decode_batch, items, images, model, settings.max_image_pixels, settings.max_preprocessed_pixels
+        )
 
     async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the decode pool: image decoding, request parsing, encoding of large answers."""
@@ -75,7 +79,7 @@ class PlaneBase:
         fmt, advice = answer
         with served.executor.arriving(runner.name) as arrival:
             x = await decoding
-            found = estimate(x, served.model.layer_shapes.at(tuple(int(s) for s in x.shape[1:])))
+            found = estimate(x, await shapes_at(served, tuple(int(s) for s in x.shape[1:]), self.decode_pool))
             self.budget.check(found.cost, advice)
             check_answer(found, fmt, self.settings, advice)
             async with self.budget.reserve(found.cost, advice, before_waiting=arrival.leave):

@@ -29,6 +29,7 @@ from service.codecs.oip_infer import (
 )
 from service.dataplane.base import PlaneBase
 from service.dataplane.costs import activations_cost
+from service.dataplane.shapes import shapes_at
 from service.errors import DeadlineExceeded, InvalidField, NotFound
 from service.introspection.layers import closest_names
 from service.introspection.shapes import LayerShapes
@@ -116,7 +117,7 @@ class OpenInference(PlaneBase):
         await codec.receive()
         decoded = await self.off_loop(codec.decode, model, self.settings)
         batch = decoded.batch
-        shapes = model.layer_shapes.at(tuple(int(s) for s in batch.shape[1:]))
+        shapes = await shapes_at(served, tuple(int(s) for s in batch.shape[1:]), self.decode_pool)
         plan = plan_outputs(model, [o.name for o in decoded.outputs or []])
         check_answer_size(decoded, _expected_outputs(shapes, plan, int(batch.shape[0])), self.settings)
         layers = sorted(set(plan.layers.values()))

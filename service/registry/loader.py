@@ -14,6 +14,7 @@ from service.dtypes import BY_NAME
 from service.errors import HookserveError, ModelLoadError, first_line, scrub_paths
 from service.introspection.attention import attention_modules
 from service.introspection.layers import module_names
+from service.introspection.shape_propagation import ShapePropagation
 from service.introspection.shapes import probe_shapes
 from service.registry.devices import pick_device
 from service.registry.fast_path import DEFAULT_PATHS, PathDefaults, PredictionPath, prediction_path
@@ -89,6 +90,7 @@ def _load(
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
     placement = Placement(input_size, device, dtype, channels_last)
     shapes = probe_shapes(module, placement.probe(1), module)
+    propagation = ShapePropagation(module, shapes)  # copied now, before any request can have hooks on the module
     path = prediction_path(spec, module, placement, path_defaults)
     packs, packs_reason, predictions_packed = conv_packs(spec, module, path, placement, path_defaults)
     params = list(module.parameters())
@@ -108,6 +110,7 @@ def _load(
         text=repr(module),
         layer_names=tuple(module_names(module)),
         layer_shapes=shapes,
+        shape_propagation=propagation,
         fast=path.module,
         prediction_path=path.name,
         prediction_path_reason=path.reason,

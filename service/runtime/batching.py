@@ -41,10 +41,14 @@ def foreign_shape_errors(model: LoadedModel, batch: torch.Tensor) -> Iterator[No
         sample = list(batch.shape[1:])
         if sample == list(model.input_size):
             raise
-        reason = first_line(exc)
-        raise InvalidField(
-            f"{model.name} cannot run on samples of shape {sample} (its input size is {model.input_size}): {reason}"
-        ) from None
+        raise foreign_shape(model, sample, first_line(exc)) from None
+
+
+def foreign_shape(model: LoadedModel, sample: list[int], reason: str) -> InvalidField:
+    """The 422 for samples of a shape the model cannot run, with its reason."""
+    return InvalidField(
+        f"{model.name} cannot run on samples of shape {sample} (its input size is {model.input_size}): {reason}"
+    )
 
 
 def forward_checked(model: LoadedModel, batch: torch.Tensor, module: nn.Module | None = None) -> Any:

@@ -40,6 +40,8 @@ class Gate(nn.Module):
         self.entered = threading.Semaphore(0)
 
     def forward(self, x):
+        if x.is_meta:  # the server propagating shapes at another input size: not a forward to hold or count
+            return self.fc(self.conv(x).mean((2, 3)))
         self.forwards += 1
         self.entered.release()
         assert self.open.wait(120), "the test never opened the gate"

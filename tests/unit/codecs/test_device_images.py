@@ -61,3 +61,12 @@ def test_corrupt_jpeg_is_bad_input() -> None:
     assert not is_jpeg(b"\x89PNG\r\n")
     with pytest.raises(BadInput):
         jpeg_to_tensor(jpeg[:200], PreprocessSpec(), 3, 10**8, device=CPU)
+
+
+def test_the_device_path_checks_the_header_before_decoding() -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 4000)).save(buffer, format="JPEG")
+    spec = PreprocessSpec(resize=32, crop=32)
+    with pytest.raises(TooLarge, match="max_preprocessed_pixels"):
+        jpeg_to_tensor(buffer.getvalue(), spec, 3, 10**8, device=CPU, max_preprocessed=100_000)
+    assert jpeg_to_tensor(buffer.getvalue(), spec, 3, 10**8, device=CPU).shape == (3, 32, 32)

@@ -15,7 +15,15 @@ from timm.data.config import resolve_data_config
 from timm.data.transforms_factory import create_transform
 from torchvision.transforms import v2
 
-from service.codecs.preprocess import center_crop_box, denormalize, preprocess_image, resized_size
+from service.codecs.preprocess import (
+    center_crop_box,
+    check_preprocessing,
+    denormalize,
+    preprocess_image,
+    preprocessing_steps,
+    resized_size,
+)
+from service.errors import TooLarge
 from service.registry.loader import resolve_preprocess
 from service.specs.model import Interpolation, ModelSpec, PreprocessSpec
 
@@ -178,3 +186,41 @@ def test_denormalize_keeps_the_inputs_dtype(chelsea: Image.Image, dtype: torch.d
     got = denormalize(x.to(dtype), spec)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), denormalize(x, spec), rtol=0, atol=1e-2)
+
+
+# ---- every step's size, from the header ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "spec", "made"),
+    [
+        ((1, 100000), PreprocessSpec(), [(1, 100000), (256, 25600000), (224, 224)]),
+        ((640, 480), PreprocessSpec(), [(640, 480), (341, 256), (224, 224)]),
+        ((1, 5000), PreprocessSpec(resize=None, crop=32), [(1, 5000), (32, 5000), (32, 32)]),
+        ((50, 40), PreprocessSpec(resize=None, crop=None), [(50, 40)]),
+    ],
+)
+def test_preprocessing_steps_are_the_sizes_preprocess_image_makes(
+    size: tuple[int, int], spec: PreprocessSpec, made: list[tuple[int, int]]
+) -> None:
+    assert [(step.width, step.height) for step in preprocessing_steps(*size, spec)] == made
+    if size[0] * size[1] <= 5000:  # small enough to run: the last step is the tensor preprocess_image makes
+        tensor = preprocess_image(Image.new("RGB", size), spec, 3)
+        assert tuple(tensor.shape[1:]) == (made[-1][1], made[-1][0])
+
+
+def test_a_step_over_the_bound_is_a_413_naming_it_and_the_ratio_that_fits() -> None:
+    with pytest.raises(TooLarge) as info:
+        check_preprocessing(1, 100000, PreprocessSpec(), 40_000_000, "image[0]")
+    detail = str(info.value.detail)
+    assert "resizing its shorter side to 256, would make a 256x25600000 image" in detail
+    assert "(max_preprocessed_pixels)" in detail
+    assert "sides at most 610:1" in detail  # 40,000,000 // 256**2
+    check_preprocessing(32 * 610, 32, PreprocessSpec(resize=32, crop=32), 610 * 32 * 32, "image[0]")  # at the bound
+
+
+def test_padding_to_the_crop_counts_too() -> None:
+    with pytest.raises(TooLarge) as info:
+        check_preprocessing(1, 5000, PreprocessSpec(resize=None, crop=224), 1_000_000, "image[0]")
+    assert "padding it to the 224-pixel crop, would make a 224x5000 image" in str(info.value.detail)
+    assert "send a smaller image" in str(info.value.detail)
