@@ -13,6 +13,8 @@ import torch
 from service.codecs.inputs import decode_batch
 from service.config import Settings
 from service.dataplane.costs import Estimate, check_answer
+from service.dataplane.dry_run import DryRunAnswer, refusal, report
+from service.dataplane.timing import Work, check_time, estimate_time, plain_forwards, size_scale
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
@@ -64,11 +66,18 @@ class PlaneBase:
         request: Any,
         estimate: Callable[[torch.Tensor, LayerShapes], Estimate],
         answer: tuple[str, str],
+        work: Callable[[torch.Tensor], Work] = plain_forwards,
+        request_for: Callable[[Estimate], Any] | None = None,
+        dry_run: bool = False,
     ) -> tuple[torch.Tensor, Any]:
-        """Decode, estimate the request's memory from the model's layer shapes, refuse it (413) or wait for
-        memory, then run it on the model's executor; returns the decoded inputs and the runner's answer.
+        """Decode, estimate the request's memory from the model's layer shapes and its time from the model's
+        times per row, refuse it (413 for memory, 422 past its deadline) or wait for memory, then run it on the
+        model's executor; returns the decoded inputs and the runner's answer.
 
         `answer` is (format, advice): the answer's format, for its size limits, and what to ask for instead.
+        `request_for`, when given, makes the request from the estimate instead (its `rows_per_forward`, chosen to
+        fit the memory limit); `work`: the rows the request pushes through the model, for its time estimate.
+        A `dry_run` stops after the estimates: `DryRunAnswer` carries them, and nothing runs.
         The request stays announced to a forming batch of its kind until it is queued, unless it must
         wait for memory first.
         """
@@ -76,7 +85,19 @@ class PlaneBase:
         with served.executor.arriving(runner.name) as arrival:
             x = await decoding
             found = estimate(x, served.model.layer_shapes.at(tuple(int(s) for s in x.shape[1:])))
-            self.budget.check(found.cost, advice)
-            check_answer(found, fmt, self.settings, advice)
+            model = served.model
+            timed = estimate_time(
+                work(x), model.row_times, size_scale(x, model.input_size), served.executor.config.timeout_s
+            )
+            checks: list[Callable[[], None]] = [
+                lambda: self.budget.check(found.cost, advice),
+                lambda: check_answer(found, fmt, self.settings, advice),
+                lambda: check_time(timed),
+            ]
+            if dry_run:
+                raise DryRunAnswer(report(model.name, found, timed, self.budget, refusal(checks)))
+            for check in checks:
+                check()
+            job = request if request_for is None else request_for(found)
             async with self.budget.reserve(found.cost, advice, before_waiting=arrival.leave):
-                return x, await served.executor.submit(runner, x, request, arrival)
+                return x, await served.executor.submit(runner, x, job, arrival)

@@ -12,6 +12,7 @@ from service.codecs.tensors import tensor_from_payload
 from service.dataplane.base import PlaneBase
 from service.dataplane.costs import Estimate, activations_cost, predict_cost
 from service.dataplane.nodes import node_graph
+from service.dataplane.timing import Work
 from service.errors import InvalidField, TooLarge
 from service.introspection.capture import Captured
 from service.introspection.interventions import EditOp, Fired, Selection
@@ -99,6 +100,8 @@ class Experiments(PlaneBase):
             request=request,
             estimate=lambda x, shapes: _cost(x, shapes, request, sources, fmt, node_bytes=extra),
             answer=(fmt, ADVICE),
+            work=lambda x: Work(2 * int(x.shape[0]) + sum(int(d.shape[0]) for d in sources.values())),
+            dry_run=body.dry_run,
         )
         clean = require_class_scores(found.clean, model.name)
         edited = require_class_scores(found.edited, model.name)
@@ -141,6 +144,8 @@ class Experiments(PlaneBase):
             request=request,
             estimate=lambda x, shapes: _sweep_cost(x, shapes, request.rows_per_forward),
             answer=("json", "sweep a smaller range of channels"),
+            work=lambda x: Work(int(x.shape[0]) * (len(units.numbers) + 1), advice="sweep a smaller range"),
+            dry_run=body.dry_run,
         )
         return Sweep(model.name, body.site, body.call, body.op, result, body.over)
 

@@ -23,6 +23,7 @@ from service.registry.optimizers import build_optimizer
 from service.registry.packed_convolutions import ConvPacks, packed_convolutions
 from service.registry.paths import resolve_under
 from service.registry.probes import Placement
+from service.registry.row_times import measure_row_times
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
 from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
@@ -89,6 +90,7 @@ def _load(
         raise ModelLoadError(f"labels file has {len(labels)} labels but the model outputs {num_classes} classes")
     placement = Placement(input_size, device, dtype, channels_last)
     shapes = probe_shapes(module, placement.probe(1), module)
+    row_times = measure_row_times(module, placement.probe(1))
     path = prediction_path(spec, module, placement, path_defaults)
     packs, packs_reason, predictions_packed = conv_packs(spec, module, path, placement, path_defaults)
     params = list(module.parameters())
@@ -108,6 +110,7 @@ def _load(
         text=repr(module),
         layer_names=tuple(module_names(module)),
         layer_shapes=shapes,
+        row_times=row_times,
         fast=path.module,
         prediction_path=path.name,
         prediction_path_reason=path.reason,

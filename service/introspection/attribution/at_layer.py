@@ -126,13 +126,21 @@ LP = TypeVar("LP", bound=LayerPathParams)
 
 class LayerPathMethod(AttributionMethod[LP]):
     """What layer_integrated_gradients and layer_conductance share: requests with the same layer and steps
-    share a batch, inputs go in chunks of `ig_internal_batch_size`, the steps are under the setting named by
-    `steps_limit`, and the heatmap is `layer_heatmap`."""
+    share a batch, inputs go in chunks of the rows per forward (at most `ig_internal_batch_size`), the steps are
+    under the setting named by `steps_limit`, and the heatmap is `layer_heatmap`."""
 
     steps_limit: ClassVar[str]
+    chunked = True
+    time_advice = "lower steps"
 
     def chunk(self, params: LP, settings: Settings) -> int:
         return settings.ig_internal_batch_size
+
+    def rows_per_input(self, params: LP) -> int:
+        return params.steps + 1
+
+    def rows_through(self, params: LP, shape: tuple[int, ...]) -> tuple[int, int]:
+        return params.steps + 3, params.steps + 1  # the path's points, the layer's ends and the delta's forwards
 
     def check_limits(self, params: LP, settings: Settings) -> None:
         limit: int = getattr(settings, self.steps_limit)

@@ -61,6 +61,11 @@ class AttributionContext:
 
     settings: Settings
     logits: Tensor  # the model's class scores for the inputs
+    rows: int | None = None  # rows one forward may see, chosen to fit the memory limit (None: the method's setting)
+
+    def rows_per_forward(self, setting: int) -> int:
+        """The rows chosen for this batch, else `setting` (the method's configured bound)."""
+        return self.rows if self.rows is not None else setting
 
 
 INPUT = ""
@@ -80,6 +85,9 @@ class AttributionMethod(Generic[P]):
     params: ClassVar[type[MethodParams]]
     title: ClassVar[str]  # for the OpenAPI page: the method and its paper
     over_tokens: ClassVar[bool] = False  # the map is over a vision transformer's patch grid by design
+    chunked: ClassVar[bool] = False  # `attribute` runs its rows in chunks of `AttributionContext.rows`
+    least_rows: ClassVar[int] = 1  # the fewest rows one of its forwards can see
+    time_advice: ClassVar[str] = "send fewer inputs"  # what lowers its rows through the model
 
     def check_model(self, params: P, model: nn.Module, name: str) -> None:
         """Refuse a model the method cannot explain (a 422 naming why), before any work (nothing by default)."""
@@ -114,6 +122,11 @@ class AttributionMethod(Generic[P]):
         """How many rows each input becomes inside `attribute` (interpolation steps, say), when a forward can
         see fewer than `chunk` of them: the estimate then counts min(chunk, inputs x rows). None: unknown."""
         return None
+
+    def rows_through(self, params: P, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(forwards, of them differentiated) rows each input of `shape` pushes through the model, for the time
+        estimate: one forward and its backward by default."""
+        return 1, 1
 
     def graph_from(self, params: P, model: nn.Module) -> str | None:
         """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""

@@ -119,14 +119,22 @@ def superpixels(image: Tensor, params: FeatureAblationParams) -> Tensor:
 @register_method
 class FeatureAblation(AttributionMethod[FeatureAblationParams]):
     """Each input runs alone through Captum with its own groups and baseline (so requests with different
-    parameters share a batch); ablated copies go through the model `perturbation_batch_size` at a time."""
+    parameters share a batch); ablated copies go through the model the rows per forward at a time (at most
+    `perturbation_batch_size`)."""
 
     name = "feature_ablation"
     params = FeatureAblationParams
     title = "Feature ablation over superpixels (SLIC, Achanta et al. 2012) or grid cells"
+    chunked = True
+    time_advice = "use larger cells or fewer segments"
 
     def chunk(self, params: FeatureAblationParams, settings: Settings) -> int:
         return settings.perturbation_batch_size
+
+    def rows_through(self, params: FeatureAblationParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        if params.groups is AblationGroups.slic:
+            return params.segments + 1, 0  # about one ablated copy per superpixel, and the input itself
+        return grid_cells(params.cell, shape) + 1, 0
 
     def check_limits(self, params: FeatureAblationParams, settings: Settings) -> None:
         if params.groups is AblationGroups.slic and params.segments > settings.max_ablation_features:
@@ -187,7 +195,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
                 baselines=own.baseline,
                 target=target,
                 feature_mask=mask,
-                perturbations_per_eval=ctx.settings.perturbation_batch_size,
+                perturbations_per_eval=ctx.rows_per_forward(ctx.settings.perturbation_batch_size),
             )
             for i, (target, own, mask) in enumerate(zip(targets, params, masks, strict=True))
         ]

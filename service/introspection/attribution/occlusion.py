@@ -84,14 +84,20 @@ def sliding(params: OcclusionParams, shape: tuple[int, ...]) -> tuple[tuple[int,
 @register_method
 class Occlusion(AttributionMethod[OcclusionParams]):
     """Each input runs alone through Captum with its own window, strides and baseline (so requests with different
-    parameters share a batch); its occluded copies go through the model `perturbation_batch_size` at a time."""
+    parameters share a batch); its occluded copies go through the model the rows per forward at a time (at most
+    `perturbation_batch_size`)."""
 
     name = "occlusion"
     params = OcclusionParams
     title = "Occlusion (Zeiler & Fergus 2014): the score drop when a sliding window is replaced by a baseline"
+    chunked = True
+    time_advice = "use a larger window or larger strides"
 
     def chunk(self, params: OcclusionParams, settings: Settings) -> int:
         return settings.perturbation_batch_size
+
+    def rows_through(self, params: OcclusionParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        return sliding(params, shape)[2] + 1, 0  # each window position, and the unoccluded input
 
     def check_input(self, params: OcclusionParams, shape: tuple[int, ...], settings: Settings) -> None:
         positions = sliding(params, shape)[2]
@@ -120,7 +126,7 @@ class Occlusion(AttributionMethod[OcclusionParams]):
                     strides=strides,
                     baselines=own.baseline,
                     target=target,
-                    perturbations_per_eval=ctx.settings.perturbation_batch_size,
+                    perturbations_per_eval=ctx.rows_per_forward(ctx.settings.perturbation_batch_size),
                 )
             )
         return Attributions(torch.cat(rows))

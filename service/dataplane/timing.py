@@ -1,0 +1,73 @@
+"""How long a request will take, from the model's measured time per row, before any work.
+
+Each model-running request states the rows it will push through the model (`Work`): plain
+forwards, and rows whose forward keeps autograd's graph for a backward. Their times per row
+were measured at load at the model's input size (`service.registry.row_times`); a request on
+larger or smaller inputs is scaled by its sample's size. A request that cannot finish before
+its deadline (`request_timeout_s`) is refused at once (422) with its estimate and what to
+change, rather than run until the deadline ends it with a 504.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from service.errors import InvalidField
+from service.registry.row_times import RowTimes
+
+
+@dataclass(frozen=True)
+class Work:
+    """Rows a request pushes through the model: `forwards` in all (with or without autograd), `backwards` of
+    them also differentiated; `advice` names the parameter that lowers them."""
+
+    forwards: int
+    backwards: int = 0
+    advice: str = "send fewer inputs"
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    work: Work
+    seconds: float  # 0 when the model's times were not measured
+    deadline_s: float | None
+
+    @property
+    def in_time(self) -> bool:
+        return self.deadline_s is None or self.seconds <= self.deadline_s
+
+    def describe(self) -> str:
+        return (
+            f"{self.work.forwards:,} forwards"
+            + (f" ({self.work.backwards:,} with a backward)" if self.work.backwards else "")
+            + f" ≈ {self.seconds:.3g} s"
+        )
+
+
+def plain_forwards(x: torch.Tensor) -> Work:
+    """One forward per input row (predictions, captures, attention)."""
+    return Work(int(x.shape[0]))
+
+
+def size_scale(x: torch.Tensor, input_size: list[int]) -> float:
+    """How much larger the request's samples are than the input size the times were measured at."""
+    measured = math.prod(input_size) if input_size else 1
+    return math.prod(int(s) for s in x.shape[1:]) / max(1, measured)
+
+
+def estimate_time(work: Work, times: RowTimes, scale: float, deadline_s: float | None) -> TimeEstimate:
+    per_row = times.forward * scale
+    seconds = work.forwards * per_row + work.backwards * times.backward * scale
+    return TimeEstimate(work, seconds, deadline_s)
+
+
+def check_time(found: TimeEstimate) -> None:
+    """A 422 for a request that cannot finish before its deadline, with the estimate and what would help."""
+    if not found.in_time:
+        raise InvalidField(
+            f"this request is {found.describe()}, over the {found.deadline_s:g} s deadline (request_timeout_s); "
+            f"{found.work.advice}"
+        )

@@ -1,0 +1,77 @@
+"""A request that cannot finish before its deadline is refused at once (422) with its estimate in forwards and
+seconds and the parameter that lowers it, instead of running until a 504. The model's measured times per row
+are replaced by known ones here, so the refusals are deterministic (no timing is asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.registry.row_times import RowTimes
+from tests.conftest import ClientFactory
+from tests.reliability.test_admission import gate_client, gate_of, x
+
+PER_ROW = RowTimes(forward=0.01, backward=0.02)  # seconds; the deadline below is 1 s
+
+
+@pytest.fixture
+def client(make_client: ClientFactory, tmp_path: Path) -> Any:
+    client = gate_client(make_client, tmp_path, request_timeout_s=1.0)
+    client.app.state.hookserve.fleet.ready("gate").model.row_times = PER_ROW
+    return client
+
+
+def post(client: TestClient, path: str, **body: Any) -> Any:
+    return client.post(path, json={"model": "gate", "inputs": x(n=2), **body})
+
+
+@pytest.mark.parametrize(
+    ("body", "advice"),
+    [
+        ({"method": "occlusion", "window": [4, 4], "strides": [2, 2]}, "larger window or larger strides"),
+        ({"method": "integrated_gradients", "steps": 64}, "lower steps"),
+        ({"method": "smoothgrad", "samples": 40}, "lower samples"),
+    ],
+)
+def test_a_saliency_request_past_its_deadline_is_refused_before_any_forward(
+    client: TestClient, body: dict[str, Any], advice: str
+) -> None:
+    gate = gate_of(client)
+    before = gate.forwards
+    response = post(client, "/saliency", **body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "forwards" in detail
+    assert " s, over the 1 s deadline (request_timeout_s)" in detail
+    assert advice in detail
+    assert gate.forwards == before
+
+
+def test_the_estimate_counts_rows_and_their_backwards(client: TestClient) -> None:
+    """Occlusion 8x8 with strides 8 on 32x32: 16 positions + the input + the class scores, per input."""
+    occlusion = post(client, "/saliency", method="occlusion", window=[8, 8], strides=[8, 8], dry_run=True).json()
+    assert occlusion["forwards"] == 36
+    assert occlusion["seconds"] == pytest.approx(36 * 0.01)
+    integrated = post(client, "/saliency", method="integrated_gradients", steps=10, dry_run=True).json()
+    assert integrated["seconds"] == pytest.approx((2 * 13) * 0.01 + (2 * 10) * 0.02)
+
+
+def test_a_request_within_its_deadline_runs(client: TestClient) -> None:
+    response = post(client, "/saliency", method="occlusion", window=[8, 8], strides=[8, 8])
+    assert response.status_code == 200, response.text
+
+
+def test_a_sweep_past_its_deadline_names_its_range(client: TestClient) -> None:
+    response = post(client, "/interventions/sweep", site="conv", channels=[0, 64])
+    assert response.status_code == 422, response.text
+    assert "sweep a smaller range" in response.json()["detail"]
+
+
+def test_times_scale_with_the_input_size(client: TestClient) -> None:
+    """Measured at 32x32; a 64x64 input is four times the work per row."""
+    small = post(client, "/predict", dry_run=True).json()["seconds"]
+    large = client.post("/predict", json={"model": "gate", "inputs": x(64, 2), "dry_run": True}).json()["seconds"]
+    assert large == pytest.approx(4 * small)
