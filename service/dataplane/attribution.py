@@ -23,6 +23,8 @@ from service.runtime.runners.gradients import GradientsRequest as GradientsRunRe
 from service.runtime.runners.saliency import SaliencyRequest as SaliencyRunRequest
 from service.schemas.attribution import GradientsRequest, SaliencyCommon
 
+LIGHTER_TRIES = 8  # cheaper settings tried for the advice of a request past its deadline
+
 
 @dataclass(frozen=True)
 class Gradients:
@@ -101,10 +103,18 @@ class Attribution(PlaneBase):
             return fitted(at, limit, most=most, least=method.least_rows)
 
         def work(x: torch.Tensor) -> Work:
-            forwards, backwards = method.rows_through(params, tuple(x.shape[1:]))
-            n = int(x.shape[0])
+            shape, n = tuple(int(s) for s in x.shape[1:]), int(x.shape[0])
             own = 1 if method.many_forwards else 0  # the class scores' forward before the method's own
-            return Work(n * (forwards + own), n * backwards, method.time_advice)
+
+            def rows(chosen: MethodParams) -> Work:
+                forwards, backwards = method.rows_through(chosen, shape)
+                return Work(n * (forwards + own), n * backwards, method.time_advice)
+
+            lighter, current = [], method.lighter(params, shape)
+            while current is not None and len(lighter) < LIGHTER_TRIES:
+                lighter.append((current[1], rows(current[0])))
+                current = method.lighter(current[0], shape)
+            return replace(rows(params), lighter=tuple(lighter))
 
         inputs, items = await self.run_admitted(
             served,

@@ -86,13 +86,12 @@ class PlaneBase:
             x = await decoding
             found = estimate(x, served.model.layer_shapes.at(tuple(int(s) for s in x.shape[1:])))
             model = served.model
-            timed = estimate_time(
-                work(x), model.row_times, size_scale(x, model.input_size), served.executor.config.timeout_s
-            )
+            scale = size_scale(x, model.input_size)
+            timed = estimate_time(work(x), model.row_times, scale, served.executor.config.timeout_s)
             checks: list[Callable[[], None]] = [
                 lambda: self.budget.check(found.cost, advice),
                 lambda: check_answer(found, fmt, self.settings, advice),
-                lambda: check_time(timed),
+                lambda: check_time(timed, model.row_times, scale),
             ]
             if dry_run:
                 raise DryRunAnswer(report(model.name, found, timed, self.budget, refusal(checks)))

@@ -50,6 +50,19 @@ def test_a_saliency_request_past_its_deadline_is_refused_before_any_forward(
     assert gate.forwards == before
 
 
+def test_the_refusal_names_a_setting_that_would_finish_in_time(client: TestClient) -> None:
+    """Occlusion 2x2 (strides 1) on 32x32 is 961 positions: 2 x 963 rows at 0.01 s; 8x8 with strides 4 is 49
+    positions, 2 x 51 rows = 1.02 s, still over; 16x16 with strides 8 is 9, 2 x 11 rows = 0.22 s."""
+    response = post(client, "/saliency", method="occlusion", window=[2, 2], strides=[1, 1])
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "1,926 forwards ≈ 19.3 s, over the 1 s deadline" in detail
+    assert "(window 16,16 with strides 8,8 is 22 forwards ≈ 0.22 s)" in detail
+    steps = post(client, "/saliency", method="integrated_gradients", steps=64).json()["detail"]
+    # steps 16: 2 x 19 rows, 32 with a backward = 1.02 s, still over; steps 8: 22 rows, 16 backwards = 0.54 s
+    assert "lower steps (steps 8 is 22 forwards (16 with a backward) ≈ 0.54 s)" in steps
+
+
 def test_the_estimate_counts_rows_and_their_backwards(client: TestClient) -> None:
     """Occlusion 8x8 with strides 8 on 32x32: 16 positions + the input + the class scores, per input."""
     occlusion = post(client, "/saliency", method="occlusion", window=[8, 8], strides=[8, 8], dry_run=True).json()

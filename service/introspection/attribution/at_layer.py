@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from service.config import Settings
 from service.errors import InvalidField
-from service.introspection.attribution.base import AttributionMethod, MethodParams, input_space_map
+from service.introspection.attribution.base import AttributionMethod, MethodParams, halved, input_space_map
 from service.introspection.hooks import HookScope
 from service.introspection.layers import last_conv2d, resolve_layers
 
@@ -138,6 +138,9 @@ class LayerPathMethod(AttributionMethod[LP]):
 
     def rows_per_input(self, params: LP) -> int:
         return params.steps + 1
+
+    def lighter(self, params: LP, shape: tuple[int, ...]) -> tuple[LP, str] | None:
+        return halved(params, "steps")
 
     def rows_through(self, params: LP, shape: tuple[int, ...]) -> tuple[int, int]:
         return params.steps + 3, params.steps + 1  # the path's points, the layer's ends and the delta's forwards

@@ -128,6 +128,11 @@ class AttributionMethod(Generic[P]):
         estimate: one forward and its backward by default."""
         return 1, 1
 
+    def lighter(self, params: P, shape: tuple[int, ...]) -> tuple[P, str] | None:
+        """A cheaper setting of `params` on inputs of `shape` and how to say it ("steps 25"), for the advice of a
+        request past its deadline; None when there is none (by default)."""
+        return None
+
     def graph_from(self, params: P, model: nn.Module) -> str | None:
         """`INPUT`, a layer name, or None when `attribute` runs the method's own forwards."""
         return None
@@ -181,6 +186,12 @@ def input_space_map(attribution: Tensor) -> Tensor:
     if magnitude.dim() == 2:
         return magnitude
     return magnitude.reshape(1, -1)
+
+
+def halved(params: P, field: str) -> tuple[P, str] | None:
+    """`params` with the count `field` (steps, samples) halved, and how to say it; None below 2."""
+    half = int(getattr(params, field)) // 2
+    return (params.model_copy(update={field: half}), f"{field} {half}") if half >= 1 else None
 
 
 def check(ok: bool, message: str) -> None:

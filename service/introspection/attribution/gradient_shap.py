@@ -25,6 +25,7 @@ from service.introspection.attribution.base import (
     AttributionMethod,
     Attributions,
     MethodParams,
+    halved,
     register_method,
     same_dtype,
 )
@@ -79,6 +80,9 @@ class GradientShap(AttributionMethod[GradientShapParams]):
 
     def chunk(self, params: GradientShapParams, settings: Settings) -> int:
         return params.samples
+
+    def lighter(self, params: GradientShapParams, shape: tuple[int, ...]) -> tuple[GradientShapParams, str] | None:
+        return halved(params, "samples")
 
     def rows_through(self, params: GradientShapParams, shape: tuple[int, ...]) -> tuple[int, int]:
         return params.samples, params.samples

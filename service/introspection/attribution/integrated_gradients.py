@@ -54,6 +54,12 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
     def rows_per_input(self, params: IntegratedGradientsParams) -> int:
         return params.steps  # one input with 32 steps is 32 rows in one forward, not ig_internal_batch_size
 
+    def lighter(
+        self, params: IntegratedGradientsParams, shape: tuple[int, ...]
+    ) -> tuple[IntegratedGradientsParams, str] | None:
+        half = params.steps // 2
+        return (params.model_copy(update={"steps": half}), f"steps {half}") if half >= 1 else None
+
     def rows_through(self, params: IntegratedGradientsParams, shape: tuple[int, ...]) -> tuple[int, int]:
         return params.steps + 2, params.steps  # the path's points, then the input and baseline for the delta
 

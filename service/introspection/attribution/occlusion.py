@@ -111,6 +111,17 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     def rows_through(self, params: OcclusionParams, shape: tuple[int, ...]) -> tuple[int, int]:
         return sliding(params, shape)[2] + 1, 0  # each window position, and the unoccluded input
 
+    def lighter(self, params: OcclusionParams, shape: tuple[int, ...]) -> tuple[OcclusionParams, str] | None:
+        """The window doubled (within the input) with strides of half of it: about a quarter of the positions."""
+        window = list(params.window) if params.window is not None else default_window(shape)
+        sizes = shape[len(shape) - len(window) :]
+        wider = [min(2 * w, size) for w, size in zip(window, sizes, strict=True)]
+        if wider == window:
+            return None
+        strides = [-(-w // 2) for w in wider]
+        said = f"window {','.join(map(str, wider))} with strides {','.join(map(str, strides))}"
+        return params.model_copy(update={"window": wider, "strides": strides}), said
+
     def check_input(self, params: OcclusionParams, shape: tuple[int, ...], settings: Settings) -> None:
         positions = sliding(params, shape)[2]
         if positions > settings.max_occlusion_windows:

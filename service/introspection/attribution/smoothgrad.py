@@ -17,6 +17,7 @@ from service.introspection.attribution.base import (
     AttributionMethod,
     Attributions,
     MethodParams,
+    halved,
     register_method,
     same_dtype,
 )
@@ -55,6 +56,9 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
 
     def rows_per_input(self, params: SmoothGradParams) -> int:
         return params.samples
+
+    def lighter(self, params: SmoothGradParams, shape: tuple[int, ...]) -> tuple[SmoothGradParams, str] | None:
+        return halved(params, "samples")
 
     def rows_through(self, params: SmoothGradParams, shape: tuple[int, ...]) -> tuple[int, int]:
         return params.samples, params.samples
