@@ -4,6 +4,7 @@ and admission: a model-running request is decoded, costed and admitted before it
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -14,7 +15,7 @@ from service.codecs.inputs import decode_batch
 from service.config import Settings
 from service.dataplane.costs import Estimate, check_answer
 from service.dataplane.dry_run import DryRunAnswer, refusal, report
-from service.dataplane.timing import Work, check_time, estimate_time, plain_forwards, size_scale
+from service.dataplane.timing import Calibration, Work, check_time, estimate_time, plain_forwards, size_scale
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
@@ -35,6 +36,7 @@ class PlaneBase:
         self.fleet = fleet
         self.decode_pool = decode_pool
         self.saliency_runner = SaliencyRunner(settings)
+        self.calibration = Calibration()  # request times against their estimates, per model
         self.memory_returner = MemoryReturner(settings.memory_trim_after_bytes)
         self.budget = MemoryBudget(
             settings.memory_budget_bytes,
@@ -86,7 +88,8 @@ class PlaneBase:
             x = await decoding
             found = estimate(x, served.model.layer_shapes.at(tuple(int(s) for s in x.shape[1:])))
             model = served.model
-            scale = size_scale(x, model.input_size)
+            factor = self.calibration.factor(model.name)
+            scale = size_scale(x, model.input_size) * factor
             timed = estimate_time(work(x), model.row_times, scale, served.executor.config.timeout_s)
             checks: list[Callable[[], None]] = [
                 lambda: self.budget.check(found.cost, advice),
@@ -99,4 +102,7 @@ class PlaneBase:
                 check()
             job = request if request_for is None else request_for(found)
             async with self.budget.reserve(found.cost, advice, before_waiting=arrival.leave):
-                return x, await served.executor.submit(runner, x, job, arrival)
+                start = time.perf_counter()
+                answer = await served.executor.submit(runner, x, job, arrival)
+                self.calibration.observe(model.name, timed.seconds / factor, time.perf_counter() - start)
+                return x, answer

@@ -3,9 +3,12 @@
 Each model-running request states the rows it will push through the model (`Work`): plain
 forwards, and rows whose forward keeps autograd's graph for a backward. Their times per row
 were measured at load at the model's input size (`service.registry.row_times`); a request on
-larger or smaller inputs is scaled by its sample's size. A request that cannot finish before
-its deadline (`request_timeout_s`) is refused at once (422) with its estimate and what to
-change, rather than run until the deadline ends it with a 504.
+larger or smaller inputs is scaled by its sample's size. Those times come from one row, while
+other models may be loading too, so they are corrected by what requests really took
+(`Calibration`: the ratio of the time a request took to its estimate, learnt per model).
+A request that cannot finish before its deadline (`request_timeout_s`) is refused at once
+(422) with its estimate and what to change, rather than run until the deadline ends it with
+a 504.
 """
 
 from __future__ import annotations
@@ -79,3 +82,30 @@ def check_time(found: TimeEstimate, times: RowTimes, scale: float) -> None:
     raise InvalidField(
         f"this request is {found.describe()}, over the {found.deadline_s:g} s deadline (request_timeout_s); {advice}"
     )
+
+
+MIN_OBSERVED_S = 0.25  # shorter requests say little about the model's speed (overheads dominate them)
+FACTOR_BOUNDS = (0.05, 20.0)
+WEIGHT = 0.5  # of the newest observation
+
+
+class Calibration:
+    """Per model, how much longer (or shorter) requests took than their estimate from the load-time
+    measurement: a moving average of took / estimated over requests of at least `MIN_OBSERVED_S`, bounded by
+    `FACTOR_BOUNDS`. The time from admission to the answer counts (waiting in the model's queue too, as the
+    deadline does)."""
+
+    def __init__(self) -> None:
+        self._factors: dict[str, float] = {}
+
+    def factor(self, model: str) -> float:
+        return self._factors.get(model, 1.0)
+
+    def observe(self, model: str, estimated_s: float, took_s: float) -> None:
+        """One request of `model` estimated (uncorrected) at `estimated_s` took `took_s`."""
+        if estimated_s < MIN_OBSERVED_S:
+            return
+        low, high = FACTOR_BOUNDS
+        ratio = min(high, max(low, took_s / estimated_s))
+        old = self._factors.get(model)
+        self._factors[model] = ratio if old is None else (1 - WEIGHT) * old + WEIGHT * ratio

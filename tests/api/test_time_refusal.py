@@ -88,3 +88,16 @@ def test_times_scale_with_the_input_size(client: TestClient) -> None:
     small = post(client, "/predict", dry_run=True).json()["seconds"]
     large = client.post("/predict", json={"model": "gate", "inputs": x(64, 2), "dry_run": True}).json()["seconds"]
     assert large == pytest.approx(4 * small)
+
+
+def test_estimates_learn_from_what_requests_took(make_client: ClientFactory, tmp_path: Path) -> None:
+    """Times per row far slower than the gate really is (0.1 s; its 32x32 forwards take milliseconds): once an
+    occlusion has run, the same request is estimated far lower (the load-time measurement is corrected)."""
+    client = gate_client(make_client, tmp_path)
+    client.app.state.hookserve.fleet.ready("gate").model.row_times = RowTimes(forward=0.1, backward=0.1)
+    body = {"method": "occlusion", "window": [8, 8], "strides": [8, 8]}
+    before = post(client, "/saliency", dry_run=True, **body).json()["seconds"]
+    assert before == pytest.approx(36 * 0.1)
+    assert post(client, "/saliency", **body).status_code == 200
+    after = post(client, "/saliency", dry_run=True, **body).json()["seconds"]
+    assert after < before / 2
