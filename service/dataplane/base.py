@@ -16,6 +16,7 @@ from service.config import Settings
 from service.dataplane.costs import Estimate, check_answer
 from service.dataplane.dry_run import DryRunAnswer, refusal, report
 from service.dataplane.timing import Calibration, Work, check_time, estimate_time, plain_forwards, size_scale
+from service.errors import DeadlineExceeded
 from service.introspection.shapes import LayerShapes
 from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
@@ -103,6 +104,10 @@ class PlaneBase:
             job = request if request_for is None else request_for(found)
             async with self.budget.reserve(found.cost, advice, before_waiting=arrival.leave):
                 start = time.perf_counter()
-                answer = await served.executor.submit(runner, x, job, arrival)
+                try:
+                    answer = await served.executor.submit(runner, x, job, arrival)
+                except DeadlineExceeded:  # it took at least this long
+                    self.calibration.observe(model.name, timed.seconds / factor, time.perf_counter() - start)
+                    raise
                 self.calibration.observe(model.name, timed.seconds / factor, time.perf_counter() - start)
                 return x, answer
