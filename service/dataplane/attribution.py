@@ -10,7 +10,7 @@ import torch
 from service.dataplane.base import PlaneBase
 from service.dataplane.chunking import fitted, request_limit
 from service.dataplane.costs import ADVICE_GRADIENTS, ADVICE_SALIENCY, Estimate, gradients_cost, saliency_cost
-from service.dataplane.timing import Work
+from service.dataplane.timing import Work, rows_within
 from service.errors import InvalidField
 from service.introspection.attribution import MethodParams, SaliencyItem, method_named
 from service.introspection.gradients import GradientResult
@@ -100,6 +100,9 @@ class Attribution(PlaneBase):
                 return at(most)
             if rows is not None:
                 most = max(method.least_rows, min(most, int(x.shape[0]) * rows))
+            backward = method.rows_through(params, tuple(x.shape[1:]))[1] > 0
+            per_row = self.seconds_per_row(model, x, backward=backward)
+            most = rows_within(self.settings.chunk_seconds, per_row, most=most, least=method.least_rows)
             return fitted(at, limit, most=most, least=method.least_rows)
 
         def work(x: torch.Tensor) -> Work:

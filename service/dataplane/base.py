@@ -60,6 +60,12 @@ class PlaneBase:
         """`fn(*args)` on the decode pool: image decoding, request parsing, encoding of large answers."""
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, fn, *args)
 
+    def seconds_per_row(self, model: LoadedModel, x: torch.Tensor, *, backward: bool) -> float:
+        """One row's estimated seconds through `model` (with its backward when `backward`) at `x`'s sample size."""
+        times = model.row_times
+        per_row = times.forward + (times.backward if backward else 0.0)
+        return per_row * size_scale(x, model.input_size) * self.calibration.factor(model.name)
+
     async def run_admitted(
         self,
         served: ServedModel,

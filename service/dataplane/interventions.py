@@ -13,7 +13,7 @@ from service.dataplane.base import PlaneBase
 from service.dataplane.chunking import fitted, request_limit
 from service.dataplane.costs import Estimate, activations_cost, predict_cost
 from service.dataplane.nodes import node_graph
-from service.dataplane.timing import Work
+from service.dataplane.timing import Work, rows_within
 from service.errors import InvalidField, TooLarge
 from service.introspection.capture import Captured
 from service.introspection.interventions import EditOp, Fired, Selection
@@ -146,7 +146,12 @@ class Experiments(PlaneBase):
             estimate=lambda x, shapes: fitted(
                 lambda rows: _sweep_cost(x, shapes, rows),
                 request_limit(self.budget),
-                most=max(len(x), request.rows_per_forward),
+                most=rows_within(
+                    self.settings.chunk_seconds,
+                    self.seconds_per_row(model, x, backward=False),
+                    most=max(len(x), request.rows_per_forward),
+                    least=len(x),
+                ),
                 least=len(x),
             ),
             request_for=lambda found: replace(request, rows_per_forward=found.rows_per_forward or len(body.inputs)),

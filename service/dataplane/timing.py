@@ -109,3 +109,10 @@ class Calibration:
         ratio = min(high, max(low, took_s / estimated_s))
         old = self._factors.get(model)
         self._factors[model] = ratio if old is None else (1 - WEIGHT) * old + WEIGHT * ratio
+
+
+def rows_within(seconds: float, per_row_s: float, *, most: int, least: int = 1) -> int:
+    """The most rows (between `least` and `most`) one forward may see to take about `seconds` at `per_row_s`."""
+    if per_row_s <= 0:
+        return most
+    return max(least, min(most, int(seconds / per_row_s)))

@@ -101,3 +101,14 @@ def test_estimates_learn_from_what_requests_took(make_client: ClientFactory, tmp
     assert post(client, "/saliency", **body).status_code == 200
     after = post(client, "/saliency", dry_run=True, **body).json()["seconds"]
     assert after < before / 2
+
+
+def test_rows_per_forward_are_bounded_by_chunk_seconds(make_client: ClientFactory, tmp_path: Path) -> None:
+    """At 0.1 s a row forward and 0.1 s its backward, a forward of IG's rows takes 1 s (chunk_seconds) at 5
+    rows; a sweep's forwards (no backward) at 10: a request given up on stops within about a second."""
+    client = gate_client(make_client, tmp_path)
+    client.app.state.hookserve.fleet.ready("gate").model.row_times = RowTimes(forward=0.1, backward=0.1)
+    integrated = post(client, "/saliency", method="integrated_gradients", steps=50, dry_run=True).json()
+    assert integrated["rows_per_forward"] == 5
+    sweep = post(client, "/interventions/sweep", site="conv", channels=[0, 64], dry_run=True).json()
+    assert sweep["rows_per_forward"] == 10
