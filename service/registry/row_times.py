@@ -68,9 +68,11 @@ def measure_row_times(module: nn.Module, row: torch.Tensor, runs: int = RUNS) ->
     with torch.inference_mode(False):
         forward()
         fwd = _fastest(forward, device, runs)
+        both = 2 * fwd  # a backward about as long as its forward, where it cannot be measured
         if row.is_floating_point():
-            forward_backward()
-            both = _fastest(forward_backward, device, runs)
-        else:
-            both = fwd
+            try:
+                forward_backward()
+                both = _fastest(forward_backward, device, runs)
+            except RuntimeError:  # a model autograd cannot go through: gradient methods will say so themselves
+                pass
     return RowTimes(fwd, max(0.0, both - fwd), str(device), torch.get_num_threads())
