@@ -104,6 +104,13 @@ class Settings(BaseSettings):
         "layer_conductance (memory bound).",
     )
     smoothgrad_batch_size: int = Field(32, ge=1, description="Noisy SmoothGrad samples per forward (memory bound).")
+    chunk_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Most seconds one forward (and backward) of a many-row method or sweep should take, from the "
+        "model's time per row: its rows per forward are bounded by it, so a request given up on stops within "
+        "about that long.",
+    )
     max_request_memory_bytes: int = Field(
         2048 * MiB,
         description="Most memory one request may hold (inputs, forward, captures, graphs, answer), "

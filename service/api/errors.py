@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from service.dataplane.dry_run import DryRunAnswer
 from service.errors import HookserveError
 
 log = logging.getLogger("hookserve.api")
@@ -38,6 +39,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HookserveError)
     async def _domain(request: Request, exc: HookserveError) -> JSONResponse:
         return _error(exc.status, exc.detail, exc.headers)
+
+    @app.exception_handler(DryRunAnswer)
+    async def _dry_run(request: Request, exc: DryRunAnswer) -> JSONResponse:
+        return JSONResponse(exc.report)  # a dry run's estimate: 200, nothing ran
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

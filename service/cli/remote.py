@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from service.cli.estimate import add_dry_run, print_estimate
 from service.cli.output import jsonable, print_json, print_table
 from service.client import Client, Retry
 from service.client.base import DEFAULT_URL
@@ -136,6 +137,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return print_estimate(args, make_client, "/predict", read_inputs(args.inputs), {"top_k": args.top_k})
     with make_client(args) as client:
         result = client.predict(args.model, read_inputs(args.inputs), top_k=args.top_k, include_logits=args.logits)
     if args.json:
@@ -150,6 +153,9 @@ def cmd_activations(args: argparse.Namespace) -> int:
     _output_kind(out, (*ARRAY_SUFFIXES, ".png"))
     layers = layer_list(args.layers)
     inputs = read_inputs(args.inputs)
+    if args.dry_run:
+        fields = {"layers": layers, "capture": args.capture, "reduce": args.reduce, "format": "stats"}
+        return print_estimate(args, make_client, "/activations", inputs, fields)
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
             client.activations_image(args.model, Path(args.inputs[0]), layers[0], channels=args.channels).save(out)
@@ -201,6 +207,9 @@ def cmd_saliency(args: argparse.Namespace) -> int:
         "params": dict(args.param) or None,
     }
     inputs = read_inputs(args.inputs)
+    if args.dry_run:
+        params = options.pop("params") or {}
+        return print_estimate(args, make_client, "/saliency", inputs, {**options, **params})
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
             client.saliency_image(args.model, inputs, alpha=args.alpha, **options).save(out)
@@ -332,6 +341,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or .npy preprocessed samples")
     p.add_argument("-k", "--top-k", type=int, default=5)
     p.add_argument("--logits", action="store_true", help="include every logit (with --json)")
+    add_dry_run(p)
 
     p = command("activations", cmd_activations, "what layers received and returned: stats, or -o to a file")
     p.add_argument("model")
@@ -346,6 +356,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=token_choice,
         help="a vision transformer's tokens to keep: indices (0,3), patches or prefix",
     )
+    add_dry_run(p)
 
     p = command("saliency", cmd_saliency, "attribution maps (Captum): a table, or -o to .png or arrays")
     p.add_argument("model")
@@ -373,6 +384,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument("--alpha", type=float, default=0.5, help=".png: heatmap opacity")
     p.add_argument("-o", "--output", type=Path, help="write .png (heatmap over the input) or .safetensors / .npz")
+    add_dry_run(p)
 
     p = command("layers", cmd_layers, "every named submodule")
     p.add_argument("model")

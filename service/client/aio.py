@@ -32,6 +32,7 @@ from service.client.results import (
     Activations,
     ActivationStats,
     AttentionMaps,
+    CostEstimate,
     Gradients,
     Intervention,
     Predictions,
@@ -309,6 +310,20 @@ class AsyncClient(ClientBase):
             heads=heads,
         )
         return await self.send(request, timeout)
+
+    async def estimate(
+        self,
+        path: str,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout: TimeoutArg = DEFAULT,
+        **fields: Any,
+    ) -> CostEstimate:
+        """What the request to `path` (`/predict`, `/saliency`, `/activations`...) with these fields would cost,
+        as a dry run: memory by part, forwards, seconds, rows per forward, whether it would be admitted now.
+        Nothing runs; e.g. `estimate("/saliency", "resnet18", image, method="occlusion")`."""
+        return await self.send(calls.estimate(model, inputs, self.wire, path=path, fields=fields), timeout)
 
     async def saliency(
         self,

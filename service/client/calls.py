@@ -24,6 +24,7 @@ from service.client.results import (
     Activations,
     ActivationStats,
     AttentionMaps,
+    CostEstimate,
     Gradients,
     Intervention,
     Predictions,
@@ -362,6 +363,17 @@ def attention_image(
         "alpha": alpha,
     }
     return Call("POST", "/attention", _image, body=lambda: build_body(model, image, fields, binary=_binary(wire)))
+
+
+def estimate(model: str, inputs: Inputs, wire: Wire, *, path: str, fields: Mapping[str, Any]) -> Call[CostEstimate]:
+    """`path`'s request with `fields`, sent as a dry run: its cost, nothing run."""
+    body = {**fields, "dry_run": True}
+    return Call(
+        "POST",
+        path,
+        lambda r: CostEstimate.from_json(r.json()),
+        body=lambda: build_body(model, inputs, body, binary=_binary(wire)),
+    )
 
 
 def _binary(wire: Wire) -> bool:

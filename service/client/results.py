@@ -400,3 +400,43 @@ class AttentionMaps(Generic[A]):
             {key: maps[key] for key in order if key in maps},
             _predictions(data),
         )
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """A `dry_run` answer: what a request would cost, without running it. `memory_parts` are bytes by part
+    (inputs, forward, graph, captures, answer...); `rows_per_forward` the chunk it would run in (None: one
+    forward for all); `refusal` the status and reason it would be refused with, when not `admitted`."""
+
+    model: str
+    memory_bytes: int
+    memory_parts: dict[str, int]
+    memory_limit_bytes: int
+    forwards: int
+    backwards: int
+    seconds: float
+    deadline_s: float | None
+    rows_per_forward: int | None
+    admitted: bool
+    would_wait: bool
+    refusal: str | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CostEstimate:
+        memory = data["memory"]
+        deadline = data.get("deadline_s")
+        rows = data.get("rows_per_forward")
+        return cls(
+            str(data["model"]),
+            int(memory["bytes"]),
+            {str(k): int(v) for k, v in memory["parts"].items()},
+            int(memory["limit_bytes"]),
+            int(data["forwards"]),
+            int(data["backwards"]),
+            float(data["seconds"]),
+            None if deadline is None else float(deadline),
+            None if rows is None else int(rows),
+            bool(data["admitted"]),
+            bool(data["would_wait"]),
+            data.get("refusal"),
+        )

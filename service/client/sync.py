@@ -27,6 +27,7 @@ from service.client.results import (
     Activations,
     ActivationStats,
     AttentionMaps,
+    CostEstimate,
     Gradients,
     Intervention,
     Predictions,
@@ -297,6 +298,20 @@ class Client(ClientBase):
             heads=heads,
         )
         return self.send(request, timeout)
+
+    def estimate(
+        self,
+        path: str,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout: TimeoutArg = DEFAULT,
+        **fields: Any,
+    ) -> CostEstimate:
+        """What the request to `path` (`/predict`, `/saliency`, `/activations`...) with these fields would cost,
+        as a dry run: memory by part, forwards, seconds, rows per forward, whether it would be admitted now.
+        Nothing runs; e.g. `estimate("/saliency", "resnet18", image, method="occlusion")`."""
+        return self.send(calls.estimate(model, inputs, self.wire, path=path, fields=fields), timeout)
 
     def saliency(
         self,

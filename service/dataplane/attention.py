@@ -72,6 +72,7 @@ class AttentionMaps(PlaneBase):
             request=request,
             estimate=lambda x, shapes: attention_cost(x, shapes, chosen, heads, layout_of(x)[1], fmt=fmt),
             answer=(fmt, ADVICE_ATTENTION),
+            dry_run=body.dry_run,
         )
         found_maps: AttentionResult = result
         layout, rows = layout_of(x)

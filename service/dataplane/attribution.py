@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from service.dataplane.base import PlaneBase
-from service.dataplane.costs import ADVICE_GRADIENTS, ADVICE_SALIENCY, gradients_cost, saliency_cost
+from service.dataplane.chunking import fitted, request_limit
+from service.dataplane.costs import ADVICE_GRADIENTS, ADVICE_SALIENCY, Estimate, gradients_cost, saliency_cost
+from service.dataplane.timing import Work, rows_within
 from service.errors import InvalidField
 from service.introspection.attribution import MethodParams, SaliencyItem, method_named
 from service.introspection.gradients import GradientResult
 from service.introspection.layers import resolve_layers
+from service.introspection.shapes import LayerShapes
 from service.introspection.targets import TargetSpec, check_target
 from service.registry.loaded import LoadedModel
 from service.runtime.runners.gradients import GRADIENTS
 from service.runtime.runners.gradients import GradientsRequest as GradientsRunRequest
 from service.runtime.runners.saliency import SaliencyRequest as SaliencyRunRequest
 from service.schemas.attribution import GradientsRequest, SaliencyCommon
+
+LIGHTER_TRIES = 8  # cheaper settings tried for the advice of a request past its deadline
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Attribution(PlaneBase):
             request=request,
             estimate=lambda x, shapes: gradients_cost(x, shapes, names, body.include_input, fmt),
             answer=(fmt, ADVICE_GRADIENTS),
+            work=lambda x: Work(int(x.shape[0]), int(x.shape[0])),
+            dry_run=body.dry_run,
         )
         return Gradients(model.name, result)
 
@@ -77,17 +84,50 @@ class Attribution(PlaneBase):
             method.check_input(params, tuple(inputs.shape[1:]), self.settings)
             return inputs
 
-        request = SaliencyRunRequest(params, target)
         source = method.graph_from(params, model.module)
-        chunk = method.chunk(params, self.settings)
-        rows = method.rows_per_input(params)
         fmt = body.format.value
+        rows = method.rows_per_input(params)
+        advice = ADVICE_SALIENCY + ("" if method.chunked or not method.many_forwards else f", or {method.time_advice}")
+        limit = request_limit(self.budget)
+
+        def estimate(x: torch.Tensor, shapes: LayerShapes) -> Estimate:
+            def at(chunk: int | None) -> Estimate:
+                found = saliency_cost(x, shapes, chunk, source, fmt, rows_per_input=rows)
+                return replace(found, rows_per_forward=chunk)
+
+            most = method.chunk(params, self.settings)
+            if not method.chunked or most is None:
+                return at(most)
+            if rows is not None:
+                most = max(method.least_rows, min(most, int(x.shape[0]) * rows))
+            backward = method.rows_through(params, tuple(x.shape[1:]))[1] > 0
+            per_row = self.seconds_per_row(model, x, backward=backward)
+            most = rows_within(self.settings.chunk_seconds, per_row, most=most, least=method.least_rows)
+            return fitted(at, limit, most=most, least=method.least_rows)
+
+        def work(x: torch.Tensor) -> Work:
+            shape, n = tuple(int(s) for s in x.shape[1:]), int(x.shape[0])
+            own = 1 if method.many_forwards else 0  # the class scores' forward before the method's own
+
+            def rows(chosen: MethodParams) -> Work:
+                forwards, backwards = method.rows_through(chosen, shape)
+                return Work(n * (forwards + own), n * backwards, method.time_advice)
+
+            lighter, current = [], method.lighter(params, shape)
+            while current is not None and len(lighter) < LIGHTER_TRIES:
+                lighter.append((current[1], rows(current[0])))
+                current = method.lighter(current[0], shape)
+            return replace(rows(params), lighter=tuple(lighter))
+
         inputs, items = await self.run_admitted(
             served,
             self.saliency_runner,
             checked_inputs(),
-            request=request,
-            estimate=lambda x, shapes: saliency_cost(x, shapes, chunk, source, fmt, rows_per_input=rows),
-            answer=(fmt, ADVICE_SALIENCY),
+            request=None,
+            request_for=lambda found: SaliencyRunRequest(params, target, found.rows_per_forward),
+            estimate=estimate,
+            answer=(fmt, advice),
+            work=work,
+            dry_run=body.dry_run,
         )
         return Saliency(model, method.name, inputs, items)

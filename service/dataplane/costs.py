@@ -30,7 +30,7 @@ _SIDES = {Capture.output: ("output",), Capture.input: ("input",), Capture.both: 
 
 ADVICE_ACTIVATIONS = "ask for fewer layers or inputs, a reduce (mean/max), format=stats, or a smaller input"
 ADVICE_GRADIENTS = "ask for fewer layers or inputs, include_input=false, or a smaller input"
-ADVICE_SALIENCY = "send fewer or smaller inputs, or lower steps/samples"
+ADVICE_SALIENCY = "send fewer or smaller inputs"
 ADVICE_PREDICT = "send fewer or smaller inputs"
 ADVICE_ATTENTION = "ask for fewer blocks, heads or inputs, the class token's row (the default) or format=stats"
 
@@ -42,6 +42,7 @@ class Estimate:
     cost: Cost
     answer_numel: int = 0
     answer_bytes: int = 0
+    rows_per_forward: int | None = None  # rows one forward sees, when chosen to fit the memory limit (chunking.py)
 
 
 def inputs_bytes(x: torch.Tensor) -> int:

@@ -35,5 +35,6 @@ class Inference(PlaneBase):
             request=post,
             estimate=predict_cost,
             answer=("json", ADVICE_PREDICT),
+            dry_run=body.dry_run,
         )
         return Predictions(model.name, predictions)

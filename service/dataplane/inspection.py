@@ -65,6 +65,7 @@ class Inspection(PlaneBase):
             request=request,
             estimate=lambda x, shapes: activations_cost(x, shapes, request, fmt, extra),
             answer=(fmt, ADVICE_ACTIVATIONS),
+            dry_run=body.dry_run,
         )
         output = found.output
         predictions = None

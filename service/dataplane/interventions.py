@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from service.codecs.tensors import tensor_from_payload
 from service.dataplane.base import PlaneBase
+from service.dataplane.chunking import fitted, request_limit
 from service.dataplane.costs import Estimate, activations_cost, predict_cost
 from service.dataplane.nodes import node_graph
+from service.dataplane.timing import Work, rows_within
 from service.errors import InvalidField, NotFound, TooLarge
 from service.introspection.capture import Captured
 from service.introspection.interventions import EditOp, Fired, Selection
@@ -100,6 +102,8 @@ class Experiments(PlaneBase):
             request=request,
             estimate=lambda x, shapes: _cost(x, shapes, request, sources, fmt, node_bytes=extra),
             answer=(fmt, ADVICE),
+            work=lambda x: Work(2 * int(x.shape[0]) + sum(int(d.shape[0]) for d in sources.values())),
+            dry_run=body.dry_run,
         )
         clean = require_class_scores(found.clean, model.name)
         edited = require_class_scores(found.edited, model.name)
@@ -140,8 +144,21 @@ class Experiments(PlaneBase):
             SWEEP,
             self.decode(body.inputs, images, model),
             request=request,
-            estimate=lambda x, shapes: _sweep_cost(x, shapes, request.rows_per_forward),
-            answer=("json", "sweep a smaller range of channels"),
+            estimate=lambda x, shapes: fitted(
+                lambda rows: _sweep_cost(x, shapes, rows),
+                request_limit(self.budget),
+                most=rows_within(
+                    self.settings.chunk_seconds,
+                    self.seconds_per_row(model, x, backward=False),
+                    most=max(len(x), request.rows_per_forward),
+                    least=len(x),
+                ),
+                least=len(x),
+            ),
+            request_for=lambda found: replace(request, rows_per_forward=found.rows_per_forward or len(body.inputs)),
+            answer=("json", "send fewer or smaller inputs"),
+            work=lambda x: Work(int(x.shape[0]) * (len(units.numbers) + 1), advice="sweep a smaller range"),
+            dry_run=body.dry_run,
         )
         return Sweep(model.name, body.site, body.call, body.op, result, body.over)
 
@@ -392,8 +409,10 @@ def _cost(
 
 
 def _sweep_cost(x: torch.Tensor, shapes: LayerShapes, rows_per_forward: int) -> Estimate:
-    chunk = torch.empty((max(rows_per_forward, int(x.shape[0])), *x.shape[1:]), dtype=x.dtype, device="meta")
-    return predict_cost(chunk, shapes)
+    """A forward of `rows_per_forward` ablated rows (at least one per input) at a time."""
+    rows = max(rows_per_forward, int(x.shape[0]))
+    chunk = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device="meta")
+    return replace(predict_cost(chunk, shapes), rows_per_forward=rows)
 
 
 def _changes(clean: torch.Tensor, edited: torch.Tensor, targets: list[int], model: LoadedModel) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from service.introspection.nodes import NodeGraph, Untraceable
 from service.introspection.shape_propagation import ShapePropagation
 from service.introspection.shapes import LayerShapes
 from service.registry.packed_convolutions import ConvPacks
+from service.registry.row_times import RowTimes
 from service.specs.model import ModelSpec, PreprocessSpec
 
 
@@ -35,6 +36,7 @@ class LoadedModel:
     layer_names: tuple[str, ...] = field(default=(), repr=False)  # module paths, named_modules() order
     layer_shapes: LayerShapes = field(default_factory=LayerShapes, repr=False)  # at input_size: costs of requests
     shape_propagation: ShapePropagation | None = field(default=None, repr=False)  # layer shapes at other sizes
+    row_times: RowTimes = field(default_factory=RowTimes)  # seconds per row at input_size: request time estimates
     channels_last: bool = False  # 4-D weights and inputs in NHWC (see loader.use_channels_last)
     fast: nn.Module | None = field(default=None, repr=False)  # the prediction path's own copy (fused, compiled)
     prediction_path: str = "eager"  # what `fast` is (fast_path.PredictionPath.name); "eager" when None

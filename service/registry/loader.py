@@ -24,6 +24,7 @@ from service.registry.optimizers import build_optimizer
 from service.registry.packed_convolutions import ConvPacks, packed_convolutions
 from service.registry.paths import resolve_under
 from service.registry.probes import Placement
+from service.registry.row_times import measure_row_times
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
 from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
@@ -91,6 +92,7 @@ def _load(
     placement = Placement(input_size, device, dtype, channels_last)
     shapes = probe_shapes(module, placement.probe(1), module)
     propagation = ShapePropagation(module, shapes)  # copied now, before any request can have hooks on the module
+    row_times = measure_row_times(module, placement.probe(1))
     path = prediction_path(spec, module, placement, path_defaults)
     packs, packs_reason, predictions_packed = conv_packs(spec, module, path, placement, path_defaults)
     params = list(module.parameters())
@@ -111,6 +113,7 @@ def _load(
         layer_names=tuple(module_names(module)),
         layer_shapes=shapes,
         shape_propagation=propagation,
+        row_times=row_times,
         fast=path.module,
         prediction_path=path.name,
         prediction_path_reason=path.reason,

@@ -79,6 +79,10 @@ class MemoryBudget:
                 f"{advice}"
             )
 
+    def would_wait(self, size: int) -> bool:
+        """Whether a request of `size` bytes arriving now would wait for memory (others wait, or it does not fit)."""
+        return bool(self._waiting) or self.in_use + size > self.total
+
     @asynccontextmanager
     async def reserve(
         self, cost: Cost, advice: str, before_waiting: Callable[[], None] | None = None
@@ -113,7 +117,7 @@ class MemoryBudget:
                 release()
 
     async def _admit(self, size: int, before_waiting: Callable[[], None] | None) -> None:
-        if not self._waiting and self.in_use + size <= self.total:
+        if not self.would_wait(size):
             self.in_use += size
             return
         if before_waiting is not None:

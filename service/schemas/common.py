@@ -48,6 +48,11 @@ class ModelInputs(BaseModel):
 
     model: str = Field(..., examples=["lenet"])
     inputs: list[InputItem] = Field(..., min_length=1)
+    dry_run: bool = Field(
+        False,
+        description="Run nothing: answer 200 with what the request would cost (memory by part, forwards, "
+        "seconds, rows per forward) and whether it would be admitted now.",
+    )
 
 
 class TensorJSON(BaseModel):

@@ -190,6 +190,7 @@ def test_binary_formats(client: TestClient, method: str, fmt: str) -> None:
         "inputs": [tensor_input(digit_pixels(3)), tensor_input(digit_pixels(8))],
         "method": method,
         "target": [3, 8],
+        **({"window": [8, 8]} if method == "occlusion" else {}),  # within this module's max_occlusion_windows
     }
     reference = saliency(client, **body)
     response = client.post("/saliency", json=body | {"format": fmt})

@@ -121,15 +121,20 @@ def test_an_answer_over_its_limit_is_refused_before_the_forward(make_client: Cli
 def test_integrated_gradients_is_costed_by_its_rows_not_the_internal_batch(
     make_client: ClientFactory, tmp_path: Path
 ) -> None:
-    """One input with 4 steps is 4 rows in one forward, not ig_internal_batch_size (64) of them: within a bound
-    that 64 rows exceed it is admitted; with 64 steps it is refused (resnet18's IG with 32 steps was a 413 at the
-    default 2 GiB bound because every request was costed at 64 rows)."""
+    """One input with 4 steps is 4 rows in one forward, not ig_internal_batch_size (64) of them; 64 steps, whose
+    64 rows exceed the bound, run in chunks that fit it (resnet18's IG was a 413 from 62 steps at the default
+    2 GiB bound); only an input whose one row does not fit is refused."""
     client = gate_client(make_client, tmp_path, max_request_memory_bytes=6 * MIB)
     # 64 rows of 32x32: the conv output alone is 64 * 64 * 32 * 32 * 4 B = 16 MiB; 4 rows: 1 MiB
-    for steps, status in ((4, 200), (64, 413)):
+    for steps, rows in ((4, 4), (64, 23)):  # 23 rows of 256 KiB (the conv output) fit within 6 MiB
         body = {"model": "gate", "inputs": x(), "method": "integrated_gradients", "steps": steps}
+        planned = client.post("/saliency", json={**body, "dry_run": True}).json()
+        assert planned["rows_per_forward"] == rows
         response = client.post("/saliency", json=body)
-        assert response.status_code == status, (steps, response.text)
+        assert response.status_code == 200, (steps, response.text)
+    # one row of 192x192: the conv output alone is 64 * 192 * 192 * 4 B = 9 MiB
+    body = {"model": "gate", "inputs": x(192), "method": "integrated_gradients", "steps": 4}
+    assert client.post("/saliency", json=body).status_code == 413
 
 
 def test_tensor_inputs_have_a_pixel_bound_like_images(make_client: ClientFactory, tmp_path: Path) -> None:

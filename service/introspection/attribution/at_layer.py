@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from service.config import Settings
 from service.errors import InvalidField
-from service.introspection.attribution.base import AttributionMethod, MethodParams, input_space_map
+from service.introspection.attribution.base import AttributionMethod, MethodParams, halved, input_space_map
 from service.introspection.hooks import HookScope
 from service.introspection.layers import last_conv2d, resolve_layers
 
@@ -126,13 +126,24 @@ LP = TypeVar("LP", bound=LayerPathParams)
 
 class LayerPathMethod(AttributionMethod[LP]):
     """What layer_integrated_gradients and layer_conductance share: requests with the same layer and steps
-    share a batch, inputs go in chunks of `ig_internal_batch_size`, the steps are under the setting named by
-    `steps_limit`, and the heatmap is `layer_heatmap`."""
+    share a batch, inputs go in chunks of the rows per forward (at most `ig_internal_batch_size`), the steps are
+    under the setting named by `steps_limit`, and the heatmap is `layer_heatmap`."""
 
     steps_limit: ClassVar[str]
+    chunked = True
+    time_advice = "lower steps"
 
     def chunk(self, params: LP, settings: Settings) -> int:
         return settings.ig_internal_batch_size
+
+    def rows_per_input(self, params: LP) -> int:
+        return params.steps + 1
+
+    def lighter(self, params: LP, shape: tuple[int, ...]) -> tuple[LP, str] | None:
+        return halved(params, "steps")
+
+    def rows_through(self, params: LP, shape: tuple[int, ...]) -> tuple[int, int]:
+        return params.steps + 3, params.steps + 1  # the path's points, the layer's ends and the delta's forwards
 
     def check_limits(self, params: LP, settings: Settings) -> None:
         limit: int = getattr(settings, self.steps_limit)

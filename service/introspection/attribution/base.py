@@ -61,6 +61,11 @@ class AttributionContext:
 
     settings: Settings
     logits: Tensor  # the model's class scores for the inputs
+    rows: int | None = None  # rows one forward may see, chosen to fit the memory limit (None: the method's setting)
+
+    def rows_per_forward(self, setting: int) -> int:
+        """The rows chosen for this batch, else `setting` (the method's configured bound)."""
+        return self.rows if self.rows is not None else setting
 
 
 INPUT = ""
@@ -80,6 +85,9 @@ class AttributionMethod(Generic[P]):
     params: ClassVar[type[MethodParams]]
     title: ClassVar[str]  # for the OpenAPI page: the method and its paper
     over_tokens: ClassVar[bool] = False  # the map is over a vision transformer's patch grid by design
+    chunked: ClassVar[bool] = False  # `attribute` runs its rows in chunks of `AttributionContext.rows`
+    least_rows: ClassVar[int] = 1  # the fewest rows one of its forwards can see
+    time_advice: ClassVar[str] = "send fewer inputs"  # what lowers its rows through the model
 
     def check_model(self, params: P, model: nn.Module, name: str) -> None:
         """Refuse a model the method cannot explain (a 422 naming why), before any work (nothing by default)."""
@@ -113,6 +121,16 @@ class AttributionMethod(Generic[P]):
     def rows_per_input(self, params: P) -> int | None:
         """How many rows each input becomes inside `attribute` (interpolation steps, say), when a forward can
         see fewer than `chunk` of them: the estimate then counts min(chunk, inputs x rows). None: unknown."""
+        return None
+
+    def rows_through(self, params: P, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(forwards, of them differentiated) rows each input of `shape` pushes through the model, for the time
+        estimate: one forward and its backward by default."""
+        return 1, 1
+
+    def lighter(self, params: P, shape: tuple[int, ...]) -> tuple[P, str] | None:
+        """A cheaper setting of `params` on inputs of `shape` and how to say it ("steps 25"), for the advice of a
+        request past its deadline; None when there is none (by default)."""
         return None
 
     def graph_from(self, params: P, model: nn.Module) -> str | None:
@@ -168,6 +186,12 @@ def input_space_map(attribution: Tensor) -> Tensor:
     if magnitude.dim() == 2:
         return magnitude
     return magnitude.reshape(1, -1)
+
+
+def halved(params: P, field: str) -> tuple[P, str] | None:
+    """`params` with the count `field` (steps, samples) halved, and how to say it; None below 2."""
+    half = int(getattr(params, field)) // 2
+    return (params.model_copy(update={field: half}), f"{field} {half}") if half >= 1 else None
 
 
 def check(ok: bool, message: str) -> None:

@@ -58,12 +58,13 @@ class FeatureAblationParams(MethodParams):
         description="feature_ablation slic: colour against space; higher gives squarer superpixels.",
     )
     sigma: float = Field(0.0, ge=0.0, le=100.0, description="feature_ablation slic: Gaussian smoothing first (pixels).")
-    cell: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
-        [8, 8],
+    cell: list[Annotated[int, Field(ge=1, le=1_000_000)]] | None = Field(
+        None,
         min_length=1,
         max_length=8,
         description="feature_ablation grid: the cell over the input's last dims ([h, w]); the dims before them "
-        "belong to every cell. Cells per input: limit max_ablation_features.",
+        "belong to every cell. Cells per input: limit max_ablation_features. Default: a 16th of the input's "
+        "height and width, rounded up (14 x 14 on 224 x 224), so about 16 x 16 cells at any input size.",
     )
     baseline: float = Field(
         0.0,
@@ -80,6 +81,16 @@ class FeatureAblationParams(MethodParams):
         if given:
             raise ValueError(f"{', '.join(given)} apply to groups={'grid' if slic else 'slic'}")
         return self
+
+
+GRID_FRACTION = 16  # the default cell is this fraction of the input's height and width
+
+
+def cell_of(params: FeatureAblationParams, shape: tuple[int, ...]) -> list[int]:
+    """The grid's cell: the one asked for, else a `GRID_FRACTION`th of the sample's last two dims, rounded up."""
+    if params.cell is not None:
+        return list(params.cell)
+    return [-(-size // GRID_FRACTION) for size in shape[-2:]]
 
 
 def grid_cells(cell: Sequence[int], shape: tuple[int, ...]) -> int:
@@ -119,14 +130,22 @@ def superpixels(image: Tensor, params: FeatureAblationParams) -> Tensor:
 @register_method
 class FeatureAblation(AttributionMethod[FeatureAblationParams]):
     """Each input runs alone through Captum with its own groups and baseline (so requests with different
-    parameters share a batch); ablated copies go through the model `perturbation_batch_size` at a time."""
+    parameters share a batch); ablated copies go through the model the rows per forward at a time (at most
+    `perturbation_batch_size`)."""
 
     name = "feature_ablation"
     params = FeatureAblationParams
     title = "Feature ablation over superpixels (SLIC, Achanta et al. 2012) or grid cells"
+    chunked = True
+    time_advice = "use larger cells or fewer segments"
 
     def chunk(self, params: FeatureAblationParams, settings: Settings) -> int:
         return settings.perturbation_batch_size
+
+    def rows_through(self, params: FeatureAblationParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        if params.groups is AblationGroups.slic:
+            return params.segments + 1, 0  # about one ablated copy per superpixel, and the input itself
+        return grid_cells(cell_of(params, shape), shape) + 1, 0
 
     def check_limits(self, params: FeatureAblationParams, settings: Settings) -> None:
         if params.groups is AblationGroups.slic and params.segments > settings.max_ablation_features:
@@ -143,7 +162,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
                     "use groups=grid"
                 )
             return
-        cell = list(params.cell)
+        cell = cell_of(params, shape)
         if len(cell) > len(shape):
             raise InvalidField(f"feature_ablation: cell {cell} has more dims than the input {list(shape)}")
         trailing = list(shape[len(shape) - len(cell) :])
@@ -168,7 +187,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
         masks = []
         for i, own in enumerate(params):  # every mask first: a refusal comes before any forward
             if own.groups is AblationGroups.grid:
-                masks.append(grid_mask(own.cell, tuple(x.shape[1:]), x.device))
+                masks.append(grid_mask(cell_of(own, tuple(x.shape[1:])), tuple(x.shape[1:]), x.device))
                 continue
             if not bool(torch.isfinite(x[i]).all()):
                 raise InvalidField(f"feature_ablation: slic segments finite images, and input {i} has NaN or inf")
@@ -187,7 +206,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
                 baselines=own.baseline,
                 target=target,
                 feature_mask=mask,
-                perturbations_per_eval=ctx.settings.perturbation_batch_size,
+                perturbations_per_eval=ctx.rows_per_forward(ctx.settings.perturbation_batch_size),
             )
             for i, (target, own, mask) in enumerate(zip(targets, params, masks, strict=True))
         ]

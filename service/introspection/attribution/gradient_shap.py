@@ -25,6 +25,7 @@ from service.introspection.attribution.base import (
     AttributionMethod,
     Attributions,
     MethodParams,
+    halved,
     register_method,
     same_dtype,
 )
@@ -75,9 +76,16 @@ class GradientShap(AttributionMethod[GradientShapParams]):
     name = "gradient_shap"
     params = GradientShapParams
     title = "GradientSHAP (Lundberg & Lee 2017): expected gradients from constant baselines, seeded"
+    time_advice = "lower samples"
 
     def chunk(self, params: GradientShapParams, settings: Settings) -> int:
         return params.samples
+
+    def lighter(self, params: GradientShapParams, shape: tuple[int, ...]) -> tuple[GradientShapParams, str] | None:
+        return halved(params, "samples")
+
+    def rows_through(self, params: GradientShapParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        return params.samples, params.samples
 
     def check_limits(self, params: GradientShapParams, settings: Settings) -> None:
         if params.samples > settings.max_gradient_shap_samples:

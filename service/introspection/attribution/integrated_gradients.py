@@ -34,12 +34,15 @@ class IntegratedGradientsParams(MethodParams):
 
 @register_method
 class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
-    """Inputs go in chunks of `ig_internal_batch_size`, which also bounds each internal forward,
-    so no forward sees more examples than that. Requests with the same steps and baseline share a batch."""
+    """Inputs go in chunks of the rows per forward (at most `ig_internal_batch_size`, fewer when the memory limit
+    asks), which also bounds each internal forward, so no forward sees more examples than that. Requests with
+    the same steps and baseline share a batch."""
 
     name = "integrated_gradients"
     params = IntegratedGradientsParams
     title = "Integrated Gradients (Sundararajan et al. 2017), with convergence deltas"
+    chunked = True
+    time_advice = "lower steps"
 
     def check_limits(self, params: IntegratedGradientsParams, settings: Settings) -> None:
         if params.steps > settings.max_ig_steps:
@@ -50,6 +53,15 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
 
     def rows_per_input(self, params: IntegratedGradientsParams) -> int:
         return params.steps  # one input with 32 steps is 32 rows in one forward, not ig_internal_batch_size
+
+    def lighter(
+        self, params: IntegratedGradientsParams, shape: tuple[int, ...]
+    ) -> tuple[IntegratedGradientsParams, str] | None:
+        half = params.steps // 2
+        return (params.model_copy(update={"steps": half}), f"steps {half}") if half >= 1 else None
+
+    def rows_through(self, params: IntegratedGradientsParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        return params.steps + 2, params.steps  # the path's points, then the input and baseline for the delta
 
     def batch_key(self, params: IntegratedGradientsParams) -> Hashable:
         return params.steps, params.baseline
@@ -62,7 +74,7 @@ class IntegratedGradients(AttributionMethod[IntegratedGradientsParams]):
         params: Sequence[IntegratedGradientsParams],
         ctx: AttributionContext,
     ) -> Attributions:
-        batch = ctx.settings.ig_internal_batch_size
+        batch = ctx.rows_per_forward(ctx.settings.ig_internal_batch_size)
         ig = CaptumIntegratedGradients(model)
         rows, deltas = [], []
         for start in range(0, x.shape[0], batch):

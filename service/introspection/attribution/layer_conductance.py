@@ -27,13 +27,14 @@ class LayerConductanceParams(LayerPathParams):
 
 @register_method
 class LayerConductance(LayerPathMethod[LayerConductanceParams]):
-    """Conductance differences consecutive path points, so inputs go in chunks of half `ig_internal_batch_size`
-    (at least one) and no forward sees more examples than `ig_internal_batch_size` (or two, when that is 1)."""
+    """Conductance differences consecutive path points, so inputs go in chunks of half the rows per forward (at
+    least one) and no forward sees more examples than those rows (or two, when that is 1)."""
 
     name = "layer_conductance"
     params = LayerConductanceParams
     title = "Layer conductance (Dhamdhere et al. 2018) at a layer (default: the last Conv2d), with convergence deltas"
     steps_limit = "max_conductance_steps"
+    least_rows = 2  # consecutive path points of one input
 
     def attribute(
         self,
@@ -46,7 +47,7 @@ class LayerConductance(LayerPathMethod[LayerConductanceParams]):
         own = params[0]  # layer and steps are equal within a batch (batch_key)
         layer = single_run(model, x, layer_name(model, own.layer, self.name), self.name)
         conductance = CaptumLayerConductance(same_dtype(model, x.dtype), layer.module)
-        bound = ctx.settings.ig_internal_batch_size
+        bound = ctx.rows_per_forward(ctx.settings.ig_internal_batch_size)
         chunk = max(1, bound // 2)
         rows, deltas = [], []
         for start in range(0, x.shape[0], chunk):

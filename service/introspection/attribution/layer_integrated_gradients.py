@@ -55,7 +55,7 @@ class LayerIntegratedGradients(LayerPathMethod[LayerIntegratedGradientsParams]):
                 "name another layer (the block around it, say)"
             )
         integrated = CaptumLayerIntegratedGradients(same_dtype(model, x.dtype), layer.module)
-        batch = ctx.settings.ig_internal_batch_size
+        batch = ctx.rows_per_forward(ctx.settings.ig_internal_batch_size)
         rows, deltas = [], []
         for start in range(0, x.shape[0], batch):
             attr, delta = integrated.attribute(

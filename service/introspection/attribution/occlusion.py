@@ -31,12 +31,13 @@ Size = Annotated[int, Field(ge=1, le=1_000_000)]
 
 class OcclusionParams(MethodParams):
     method: Literal["occlusion"] = "occlusion"
-    window: list[Size] = Field(
-        [8, 8],
+    window: list[Size] | None = Field(
+        None,
         min_length=1,
         max_length=8,
         description="occlusion: the window over the input's last dims ([h, w]; [c, h, w] to occlude channels "
-        "apart); the dims before them are occluded together.",
+        "apart); the dims before them are occluded together. Default: an 8th of the input's height and width, "
+        "rounded up (28 x 28 on 224 x 224), so a default map is about 15 x 15 window positions at any input size.",
     )
     strides: list[Size] | None = Field(
         None,
@@ -56,9 +57,20 @@ class OcclusionParams(MethodParams):
 
     @model_validator(mode="after")
     def _strides_match_the_window(self) -> OcclusionParams:
-        if self.strides is not None and len(self.strides) != len(self.window):
+        if self.strides is not None and self.window is None:
+            raise ValueError("strides go with a window: give window too")
+        if self.strides is not None and self.window is not None and len(self.strides) != len(self.window):
             raise ValueError(f"strides has {len(self.strides)} entries; give one per window dim ({len(self.window)})")
         return self
+
+
+DEFAULT_FRACTION = 8  # the default window is this fraction of the input's height and width
+
+
+def default_window(shape: tuple[int, ...]) -> list[int]:
+    """The default window over a sample of `shape`: a `DEFAULT_FRACTION`th of its last two dims (the last one for
+    a 1-D sample), rounded up; its default strides (half of it) give about 15 positions a dim."""
+    return [-(-size // DEFAULT_FRACTION) for size in shape[-2:]]
 
 
 def sliding(params: OcclusionParams, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -66,7 +78,7 @@ def sliding(params: OcclusionParams, shape: tuple[int, ...]) -> tuple[tuple[int,
 
     A 422 when the window has more dims than the input, is larger than it, or steps further than its size.
     """
-    window = list(params.window)
+    window = list(params.window) if params.window is not None else default_window(shape)
     strides = list(params.strides) if params.strides is not None else [-(-w // 2) for w in window]
     if len(window) > len(shape):
         raise InvalidField(f"occlusion: window {window} has more dims than the input {list(shape)}")
@@ -84,14 +96,31 @@ def sliding(params: OcclusionParams, shape: tuple[int, ...]) -> tuple[tuple[int,
 @register_method
 class Occlusion(AttributionMethod[OcclusionParams]):
     """Each input runs alone through Captum with its own window, strides and baseline (so requests with different
-    parameters share a batch); its occluded copies go through the model `perturbation_batch_size` at a time."""
+    parameters share a batch); its occluded copies go through the model the rows per forward at a time (at most
+    `perturbation_batch_size`)."""
 
     name = "occlusion"
     params = OcclusionParams
     title = "Occlusion (Zeiler & Fergus 2014): the score drop when a sliding window is replaced by a baseline"
+    chunked = True
+    time_advice = "use a larger window or larger strides"
 
     def chunk(self, params: OcclusionParams, settings: Settings) -> int:
         return settings.perturbation_batch_size
+
+    def rows_through(self, params: OcclusionParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        return sliding(params, shape)[2] + 1, 0  # each window position, and the unoccluded input
+
+    def lighter(self, params: OcclusionParams, shape: tuple[int, ...]) -> tuple[OcclusionParams, str] | None:
+        """The window doubled (within the input) with strides of half of it: about a quarter of the positions."""
+        window = list(params.window) if params.window is not None else default_window(shape)
+        sizes = shape[len(shape) - len(window) :]
+        wider = [min(2 * w, size) for w, size in zip(window, sizes, strict=True)]
+        if wider == window:
+            return None
+        strides = [-(-w // 2) for w in wider]
+        said = f"window {','.join(map(str, wider))} with strides {','.join(map(str, strides))}"
+        return params.model_copy(update={"window": wider, "strides": strides}), said
 
     def check_input(self, params: OcclusionParams, shape: tuple[int, ...], settings: Settings) -> None:
         positions = sliding(params, shape)[2]
@@ -120,7 +149,7 @@ class Occlusion(AttributionMethod[OcclusionParams]):
                     strides=strides,
                     baselines=own.baseline,
                     target=target,
-                    perturbations_per_eval=ctx.settings.perturbation_batch_size,
+                    perturbations_per_eval=ctx.rows_per_forward(ctx.settings.perturbation_batch_size),
                 )
             )
         return Attributions(torch.cat(rows))

@@ -29,8 +29,11 @@ def attribute_batch(
     params: Sequence[MethodParams],
     resolve: Callable[[Tensor], list[int]],
     settings: Settings,
+    *,
+    rows_per_forward: int | None = None,
 ) -> list[SaliencyItem]:
-    """One item per row of `x`, with `params[i]` (one method; batch-key-equal) and the targets `resolve(logits)` picks.
+    """One item per row of `x`, with `params[i]` (one method; batch-key-equal) and the targets `resolve(logits)` picks;
+    `rows_per_forward`: the most rows one of the method's own forwards may see (None: its setting).
 
     The model is never mutated; autograd runs on a detached copy of `x`, or only downstream of
     the layer a method differentiates at.
@@ -72,7 +75,8 @@ def attribute_batch(
             targets = checked(logits)
             with torch.enable_grad():
                 inputs = x.detach().clone().requires_grad_(True)
-                attributions = method.attribute(model, inputs, targets, params, AttributionContext(settings, logits))
+                ctx = AttributionContext(settings, logits, rows_per_forward)
+                attributions = method.attribute(model, inputs, targets, params, ctx)
             rows = attributions.rows.detach()
             deltas = list(attributions.deltas) if attributions.deltas is not None else deltas
             on_grid = on_grid or attributions.tokens is not None

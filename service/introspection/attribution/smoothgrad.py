@@ -17,6 +17,7 @@ from service.introspection.attribution.base import (
     AttributionMethod,
     Attributions,
     MethodParams,
+    halved,
     register_method,
     same_dtype,
 )
@@ -34,12 +35,14 @@ class SmoothGradParams(MethodParams):
 class SmoothGrad(AttributionMethod[SmoothGradParams]):
     """Each input gets its own noise level `noise * (x.max() - x.min())` and noise from a generator seeded with its
     own `seed`, so an input's map does not depend on the rest of the batch, and requests with different
-    samples, noise and seeds share one batch. Noisy copies go through the model in chunks of
-    `smoothgrad_batch_size`."""
+    samples, noise and seeds share one batch. Noisy copies go through the model in chunks of the rows per
+    forward (at most `smoothgrad_batch_size`, fewer when the memory limit asks)."""
 
     name = "smoothgrad"
     params = SmoothGradParams
     title = "SmoothGrad (Smilkov et al. 2017): the gradient averaged over noisy copies, seeded"
+    chunked = True
+    time_advice = "lower samples"
 
     def check_limits(self, params: SmoothGradParams, settings: Settings) -> None:
         if params.samples > settings.max_smoothgrad_samples:
@@ -50,6 +53,15 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
 
     def chunk(self, params: SmoothGradParams, settings: Settings) -> int:
         return min(params.samples, settings.smoothgrad_batch_size)
+
+    def rows_per_input(self, params: SmoothGradParams) -> int:
+        return params.samples
+
+    def lighter(self, params: SmoothGradParams, shape: tuple[int, ...]) -> tuple[SmoothGradParams, str] | None:
+        return halved(params, "samples")
+
+    def rows_through(self, params: SmoothGradParams, shape: tuple[int, ...]) -> tuple[int, int]:
+        return params.samples, params.samples
 
     def attribute(
         self,
@@ -71,7 +83,7 @@ class SmoothGrad(AttributionMethod[SmoothGradParams]):
                     row,
                     nt_type="smoothgrad",
                     nt_samples=own.samples,
-                    nt_samples_batch_size=ctx.settings.smoothgrad_batch_size,
+                    nt_samples_batch_size=ctx.rows_per_forward(ctx.settings.smoothgrad_batch_size),
                     stdevs=stdev,
                     target=target,
                 )

@@ -21,6 +21,7 @@ from service.runtime.runners.base import Runner, concatenated, offsets
 class SaliencyRequest:
     params: MethodParams
     target: TargetSpec
+    rows: int | None = None  # rows one forward may see, chosen to fit the memory limit (None: the method's setting)
 
 
 class SaliencyRunner(Runner[SaliencyRequest]):
@@ -53,7 +54,10 @@ class SaliencyRunner(Runner[SaliencyRequest]):
         params = [
             request.params for request, (start, stop) in zip(requests, bounds, strict=True) for _ in range(start, stop)
         ]
+        chosen = [request.rows for request in requests if request.rows is not None]
         with foreign_shape_errors(model, x):
-            items = attribute_batch(model.module, x, params, resolve, self.settings)
+            items = attribute_batch(
+                model.module, x, params, resolve, self.settings, rows_per_forward=min(chosen, default=None)
+            )
         on_cpu = [replace(item, attribution=item.attribution.cpu(), heatmap=item.heatmap.cpu()) for item in items]
         return [on_cpu[start:stop] for start, stop in bounds]
