@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -25,6 +24,7 @@ from fastapi import FastAPI
 
 from service.api.observability import configure_logging
 from service.api.shutdown import GracefulServer
+from service.cli.check import server_flags
 from service.config import Settings
 from service.config_check import settings_or_exit
 from service.main import create_app
@@ -34,13 +34,9 @@ CUT_MARGIN_S = 2  # uvicorn's own cancel, a backstop after the notice has answer
 log = logging.getLogger("hookserve")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m service", description="hookserve: PyTorch models over HTTP")
-    parser.add_argument("--config", type=Path, help="models TOML (env HOOKSERVE_CONFIG); default: built-in models")
-    parser.add_argument("--model-dir", type=Path, help="root of every server-side path (env HOOKSERVE_MODEL_DIR)")
-    parser.add_argument("--host", help="bind address (env HOOKSERVE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (env HOOKSERVE_PORT, default 8000)")
-    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (env HOOKSERVE_DEVICE)")
+def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m service") -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog=prog, description="hookserve: PyTorch models over HTTP")
+    server_flags(parser)
     args = parser.parse_args(argv)
     return {k: v for k, v in vars(args).items() if v is not None}
 
@@ -111,8 +107,8 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
+def main(argv: Sequence[str] | None = None, prog: str = "python -m service") -> None:
+    settings = settings_or_exit(parse_args(argv, prog))  # flags win over the environment; exit 2 naming each problem
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     serve(create_app(settings), settings)

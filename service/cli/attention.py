@@ -16,6 +16,7 @@ from service.cli.remote import (
     client_options,
     layer_list,
     make_client,
+    output_path,
     read_inputs,
     token_choice,
     write_arrays,
@@ -33,8 +34,7 @@ def head_list(text: str) -> list[int]:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     out: Path | None = args.output
-    if out is not None and out.suffix not in (*ARRAY_SUFFIXES, ".png"):
-        raise SystemExit(f"hookserve: error: -o must end in .png, .safetensors or .npz (got {out.name!r})")
+    output_path(out, (".png", *ARRAY_SUFFIXES))
     blocks = layer_list(args.blocks)
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
