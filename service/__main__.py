@@ -1,4 +1,7 @@
-"""`python -m service`: serve the models over HTTP with uvicorn (one worker, see DESIGN.md)."""
+"""`python -m service`: serve the models over HTTP with uvicorn (one worker, see DESIGN.md).
+
+The settings and the models TOML are checked before uvicorn, FastAPI and torch are imported, so a
+mistyped config is answered in about a second rather than after the whole server has been imported."""
 
 from __future__ import annotations
 
@@ -17,17 +20,15 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from fastapi import FastAPI
-
-from service.api.observability import configure_logging
-from service.api.shutdown import GracefulServer
 from service.cli.check import server_flags
 from service.config import Settings
 from service.config_check import settings_or_exit
-from service.main import create_app
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 SETTLE_S = 0.5  # how long threads the server started may take to end once it stopped, before it leaves without them
 CUT_MARGIN_S = 2  # uvicorn's own cancel, a backstop after the notice has answered what was still running
@@ -69,7 +70,22 @@ def exit_past_stragglers(existing: set[threading.Thread], code: int = 0, settle_
     os._exit(code)
 
 
+def configure_logging(level: str) -> None:
+    from service.api.observability import configure_logging as configure
+
+    configure(level)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """`service.main.create_app`, imported once the settings have passed their checks."""
+    from service.main import create_app as build
+
+    return build(settings)
+
+
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    import uvicorn
+
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -85,6 +101,8 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 def serve(app: FastAPI, settings: Settings) -> None:
     """Serve `app` until SIGTERM or SIGINT, then leave without waiting for threads it started or for the
     interpreter's teardown."""
+    from service.api.shutdown import GracefulServer
+
     server = GracefulServer(uvicorn_config(app, settings), app.state.shutdown_notice, settings.shutdown_grace_s)
     existing = set(threading.enumerate())
     code = 0
