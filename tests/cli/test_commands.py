@@ -156,10 +156,16 @@ def test_load_and_unload_take_the_token_from_the_environment(
         "hookserve: error: 401 admin call needs 'Authorization: Bearer <token>'\n",
     )
     monkeypatch.setenv("HOOKSERVE_ADMIN_TOKEN", TOKEN)
-    loaded = hookserve("load", spec, "--wait", "120")
+    loaded = hookserve("load", spec)  # waits until ready, as TorchServe's register does
     assert loaded.status == 0, loaded.err
     assert loaded.out.splitlines()[2].split()[:2] == ["slow3", "ready"]
     assert hookserve("unload", "slow3").out == "unloaded slow3\n"
+    started = hookserve("load", spec, "--no-wait", "--json")
+    assert started.status == 0, started.err
+    assert json.loads(started.out)[0]["status"] in ("loading", "ready")
+    with Client(url, token=TOKEN) as client:
+        client.wait_for_model("slow3", timeout=120)
+    assert hookserve("unload", "slow3").status == 0
 
 
 def test_errors_are_one_line_with_their_exit_status(hookserve: Hookserve, url: str, tmp_path: Path) -> None:

@@ -76,3 +76,10 @@ def test_nodes_table_and_json(shell: Hookserve, live: LiveServer) -> None:
     assert [line.split()[0] for line in table.out.splitlines()[2:]] == [n.name for n in expected.nodes]
     answer = json.loads(shell("nodes", "lenet", "--json").out)
     assert [n["shape"] for n in answer["nodes"]] == [n.shape for n in expected.nodes]
+
+
+def test_summary_text_names_its_units(shell: Hookserve) -> None:
+    found = shell("summary", "lenet")
+    assert found.status == 0, found.err
+    assert "Units." not in found.out
+    assert "Total mult-adds (M): 0.66" in found.out
