@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_names() -> list[str]:
+    """Every command `hookserve --help` lists, in its order."""
+    actions = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return [name for action in actions for name in action.choices]
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """The exit status: see `EXIT_CODES` (0 done, 1 a local file, 2 usage or config, 3 the server refused,
     4 no server answered, 130 interrupted)."""
@@ -101,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(run(argv))
 
 
-__all__ = ["EXIT_USAGE", "build_parser", "main", "run"]
+__all__ = ["EXIT_USAGE", "build_parser", "command_names", "main", "run"]
 
 if __name__ == "__main__":
     main()
