@@ -19,7 +19,7 @@ from torch import nn
 
 from service.errors import HookserveError, ModelLoadError, first_line
 from service.registry.paths import resolve_under
-from service.registry.preprocess import resolve_preprocess
+from service.registry.preprocess_defaults import resolve_preprocess
 from service.registry.sources import build_module
 from service.registry.weights import WeightsFile, split_checkpoint
 from service.specs.model import ModelSpec, Source

@@ -21,7 +21,7 @@ from service.registry.loaded import LoadedModel
 from service.registry.optimizers import build_optimizer
 from service.registry.packed_convolutions import ConvPacks, packed_convolutions
 from service.registry.paths import resolve_under
-from service.registry.preprocess import resolve_preprocess
+from service.registry.preprocess_defaults import resolve_preprocess
 from service.registry.probes import Placement
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
