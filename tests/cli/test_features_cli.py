@@ -180,6 +180,7 @@ def test_the_progress_bar_shows_the_rate_and_resumed_files(capsys: pytest.Captur
     assert "50/100" in err
     assert "img/s" in err
     assert "resumed after 40" in err
+    assert bar.bar.smoothing == 0  # the average rate since the start, as the summary computes it
     quiet = Bar(False)
     quiet.start(total=10, done=0)
     quiet.advance(10)
