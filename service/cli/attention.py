@@ -16,6 +16,7 @@ from service.cli.remote import (
     client_options,
     layer_list,
     make_client,
+    model_and_inputs,
     output_path,
     read_inputs,
     token_choice,
@@ -86,8 +87,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     text = "a vision transformer's attention: where each head looks, -o .png (maps over the image) or arrays"
     p = commands.add_parser("attention", parents=[client_options()], help=text, description=text)
     p.set_defaults(handler=cmd_attention)
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or .npy preprocessed samples")
+    model_and_inputs(p)
     p.add_argument(
         "-b", "--blocks", action="append", default=[], help="blocks or attention modules, comma-separated (default all)"
     )

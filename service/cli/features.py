@@ -117,12 +117,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "index; rerun to resume"
     )
     p = commands.add_parser("features", parents=[client_options()], help=text, description=text)
-    p.add_argument("model")
+    p.add_argument("model", help="a model name (`hookserve models` lists them)")
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="directories (walked recursively), files or globs")
     p.add_argument("-l", "--layers", action="append", required=True, help="module paths or patterns (comma-separated)")
     p.add_argument("-o", "--out", required=True, help="output directory (index.json, report.json, shards)")
-    p.add_argument("--capture", choices=["output", "input", "both"], default="output")
-    p.add_argument("--reduce", choices=["mean", "max", "flatten"], default=None)
+    p.add_argument("--capture", choices=["output", "input", "both"], default="output", help="which side of a layer")
+    p.add_argument(
+        "--reduce", choices=["mean", "max", "flatten"], default=None, help="reduce each map over its spatial dims"
+    )
     p.add_argument("-c", "--concurrency", type=int, default=4, help="requests in flight (default 4)")
     p.add_argument("-b", "--batch-size", type=int, default=8, help="images per request (default 8)")
     p.add_argument("--shard-size", type=int, default=1024, help="files per shard (default 1024)")

@@ -431,7 +431,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--server-path", action="store_true", help="CHECKPOINT is a path under the server's model dir")
 
     p = command("load", cmd_load, "load the [[models]] entries of a TOML file at run time (admin token)")
-    p.add_argument("spec", type=Path, metavar="SPEC.toml")
+    p.add_argument("spec", type=Path, metavar="SPEC.toml", help="a TOML file of [[models]] entries, as --config takes")
     wait = "wait until each model is ready, at most this long (0: return at once)"
     p.add_argument("--wait", type=float, default=300.0, metavar="SECONDS", help=wait)
     p.add_argument("--no-wait", dest="wait", action="store_const", const=0.0, help="return while the models load")

@@ -3,11 +3,13 @@ spelling, the file behind an input index), one JSON object under --json, and an 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
 
 from service.cli.errors import EXIT_CODES
+from service.cli.main import build_parser
 from service.introspection.attribution.base import registered_methods
 from service.zoo.lenet import samples_dir
 from tests.cli.conftest import Hookserve, run_process
@@ -116,3 +118,16 @@ def test_saliency_help_names_real_methods_and_a_working_example(shell: Hookserve
     assert example is not None
     found = shell("saliency", "lenet", DIGIT_7, *example.group(1).split())
     assert found.status == 0, found.err
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    parser = build_parser()
+    commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [
+        f"{name} {action.dest}"
+        for command in commands
+        for name, sub in command.choices.items()
+        for action in sub._actions
+        if not action.help and not isinstance(action, argparse._HelpAction) and name != "serve"
+    ]
+    assert missing == []
