@@ -1,4 +1,7 @@
-"""`python -m service`: serve the models over HTTP with uvicorn (one worker, see DESIGN.md)."""
+"""`python -m service`: serve the models over HTTP with uvicorn (one worker, see DESIGN.md).
+
+The settings and the models TOML are checked before uvicorn, FastAPI and torch are imported, so a
+mistyped config is answered in about a second rather than after the whole server has been imported."""
 
 from __future__ import annotations
 
@@ -16,31 +19,25 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from fastapi import FastAPI
-
-from service.api.observability import configure_logging
-from service.api.shutdown import GracefulServer
+from service.cli.check import server_flags
 from service.config import Settings
 from service.config_check import settings_or_exit
-from service.main import create_app
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 SETTLE_S = 0.5  # how long threads the server started may take to end once it stopped, before it leaves without them
 CUT_MARGIN_S = 2  # uvicorn's own cancel, a backstop after the notice has answered what was still running
 log = logging.getLogger("hookserve")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m service", description="hookserve: PyTorch models over HTTP")
-    parser.add_argument("--config", type=Path, help="models TOML (env HOOKSERVE_CONFIG); default: built-in models")
-    parser.add_argument("--model-dir", type=Path, help="root of every server-side path (env HOOKSERVE_MODEL_DIR)")
-    parser.add_argument("--host", help="bind address (env HOOKSERVE_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (env HOOKSERVE_PORT, default 8000)")
-    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (env HOOKSERVE_DEVICE)")
+def parse_args(argv: Sequence[str] | None = None, prog: str = "python -m service") -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog=prog, description="hookserve: PyTorch models over HTTP")
+    server_flags(parser)
     args = parser.parse_args(argv)
     return {k: v for k, v in vars(args).items() if v is not None}
 
@@ -73,7 +70,22 @@ def exit_past_stragglers(existing: set[threading.Thread], code: int = 0, settle_
     os._exit(code)
 
 
+def configure_logging(level: str) -> None:
+    from service.api.observability import configure_logging as configure
+
+    configure(level)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """`service.main.create_app`, imported once the settings have passed their checks."""
+    from service.main import create_app as build
+
+    return build(settings)
+
+
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    import uvicorn
+
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -89,6 +101,8 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 def serve(app: FastAPI, settings: Settings) -> None:
     """Serve `app` until SIGTERM or SIGINT, then leave without waiting for threads it started or for the
     interpreter's teardown."""
+    from service.api.shutdown import GracefulServer
+
     server = GracefulServer(uvicorn_config(app, settings), app.state.shutdown_notice, settings.shutdown_grace_s)
     existing = set(threading.enumerate())
     code = 0
@@ -111,8 +125,8 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = settings_or_exit(parse_args(argv))  # flags win over the environment; exit 2 naming each problem
+def main(argv: Sequence[str] | None = None, prog: str = "python -m service") -> None:
+    settings = settings_or_exit(parse_args(argv, prog))  # flags win over the environment; exit 2 naming each problem
     configure_logging(settings.log_level)
     signal.signal(signal.SIGTERM, _exit_cleanly)
     serve(create_app(settings), settings)

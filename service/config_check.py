@@ -41,6 +41,7 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 DEVICES = ("auto", "cpu", "cuda", "cuda:0", "mps")
 MAX_LISTED_FILES = 5000  # files under the model dir considered for "did you mean"
 DEFAULT_WEIGHTS = "DEFAULT"
+LABEL_SUFFIXES = (".txt", ".json", ".csv", ".tsv", ".names")  # what a labels file is; weights never are
 PLAIN_TYPES = {
     "int_parsing": "an integer",
     "int_type": "an integer",
@@ -164,6 +165,17 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _nested_home(loc: Sequence[int | str]) -> str | None:
+    """`models.preprocess` when an entry's unknown field is a field of one of its tables (e.g. `interpolation`)."""
+    if len(loc) != 1 or not isinstance(loc[0], str):
+        return None
+    for name, info in ModelSpec.model_fields.items():
+        nested = _model_in(info.annotation)
+        if nested is not None and loc[0] in nested.model_fields:
+            return f"models.{name}"
+    return None
+
+
 def _pydantic_message(err: Mapping[str, Any], fields: Sequence[str]) -> str:
     kind = err.get("type", "")
     value = err.get("input")
@@ -171,6 +183,9 @@ def _pydantic_message(err: Mapping[str, Any], fields: Sequence[str]) -> str:
     if kind == "missing":
         return "required field missing"
     if kind == "extra_forbidden":
+        home = _nested_home(err["loc"])
+        if home is not None:
+            return f"unknown field here; {err['loc'][-1]!r} belongs under [{home}]"
         hint = _did_you_mean(err["loc"][-1], fields) if fields else ""
         return f"unknown field{hint}" if hint else f"unknown field (valid: {', '.join(fields)})"
     if kind in ("enum", "literal_error"):
@@ -292,7 +307,7 @@ def _entry_problems(item: Mapping[str, Any], settings: Settings, files: _Files |
     elif weights is not None:
         found.append(("weights", _file_problem(files, weights, "weights file")))
     if labels is not None:
-        found.append(("labels", _file_problem(files, labels, "labels file")))
+        found.append(("labels", _file_problem(files, labels, "labels file", LABEL_SUFFIXES)))
     if source is not None and architecture:
         found.append(("architecture", _architecture_problem(source, architecture, files)))
     if isinstance(optimizer_type, str):
@@ -308,8 +323,9 @@ def _needs_model_dir(item: Mapping[str, Any]) -> bool:
     return weights not in (None, DEFAULT_WEIGHTS) or labels is not None or local_code
 
 
-def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Problem]]:
-    """Every problem of the models TOML at `path`, and the names of its models."""
+def check_models(path: Path, settings: Settings, rehearse: bool = False) -> tuple[list[str], list[Problem]]:
+    """Every problem of the models TOML at `path`, and the names of its models. `rehearse`: also build each sound
+    entry on the meta device (`service.registry.dry_build`), and call a file without entries a problem."""
     where = str(path)
     try:
         with path.open("rb") as f:
@@ -331,6 +347,8 @@ def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Proble
     raw = data.get("models", [])
     if not isinstance(raw, list):
         return [], [*problems, Problem(f"{where}: models", "must be an array of tables ([[models]])")]
+    if rehearse and not raw and not problems:
+        problems.append(Problem(where, "holds no [[models]] entries: the server would serve no model"))
     files = _Files(settings.model_dir) if settings.model_dir.is_dir() else None
     names: list[str] = []
     seen: dict[str, int] = {}
@@ -349,14 +367,17 @@ def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Proble
         if name is not None:
             seen.setdefault(name, i)
         schema_fields: set[str] = set()
+        spec: ModelSpec | None = None
         try:
-            ModelSpec.model_validate(item)
+            spec = ModelSpec.model_validate(item)
         except ValidationError as exc:
             for err in exc.errors(include_url=False):
                 loc = list(err["loc"])
                 schema_fields.add(_path(loc[:2]) if loc[:1] == ["optimizer"] else str(loc[0]) if loc else "")
                 found.append((_path(loc), _pydantic_message(err, _fields_at(ModelSpec, loc))))
         found += [(f, m) for f, m in _entry_problems(item, settings, files) if f not in schema_fields]
+        if rehearse and spec is not None and not found and files is not None:
+            found += _rehearsal(spec, settings.model_dir)
         order = list(item)  # the entry's keys as the file has them: report in that order
         found.sort(key=lambda fm: order.index(fm[0].split(".")[0]) if fm[0].split(".")[0] in order else len(order))
         problems += [Problem(f"{where}: {label}.{field}", message) for field, message in found]
@@ -366,13 +387,75 @@ def check_models(path: Path, settings: Settings) -> tuple[list[str], list[Proble
     return names, problems
 
 
-def check(flags: Mapping[str, Any]) -> CheckResult:
-    """Every problem of the settings (flags over environment) and of the models TOML they name."""
+def check(flags: Mapping[str, Any], *, thorough: bool = False) -> CheckResult:
+    """Every problem of the settings (flags over environment) and of the models TOML they name.
+
+    `thorough` (`hookserve check`) adds what costs more than reading files: each sound model is built on the
+    meta device with its kwargs, its weights' keys and shapes matched and a forward run at its input size (the
+    built-in models too when no TOML is given); the host and port are bound; the model dir must exist when a
+    TOML or the dir itself is given; a TOML without models is a problem."""
     settings, problems = build_settings(flags)
-    if settings is None or settings.config is None:
+    if settings is None:
         return CheckResult(settings, [], problems)
-    names, more = check_models(Path(settings.config), settings)
+    if thorough:
+        problems += _address_problems(settings, flags)
+    if settings.config is None:
+        if not thorough:
+            return CheckResult(settings, [], problems)
+        names, more = _builtin_problems()
+    else:
+        names, more = check_models(Path(settings.config), settings, rehearse=thorough)
+    said = any(p.message.startswith("the model dir") for p in more)
+    named = settings.config is not None or _given("model_dir", flags)
+    if thorough and named and not said and not settings.model_dir.is_dir():
+        where = _setting_name("model_dir", flags)
+        problems.append(Problem(where, f"{str(settings.model_dir)!r} is not a directory"))
     return CheckResult(settings, names, problems + more)
+
+
+def _given(field: str, flags: Mapping[str, Any]) -> bool:
+    return field in flags or f"HOOKSERVE_{field.upper()}" in os.environ
+
+
+def _address_problems(settings: Settings, flags: Mapping[str, Any]) -> list[Problem]:
+    """Whether the server could listen on host:port now: the host an address of this machine, the port free."""
+    import errno
+    import socket
+
+    if not 1 <= settings.port <= 65535:
+        return []  # said already
+    host = _setting_name("host", flags)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return [Problem(host, f"{settings.host!r} is not a host name or address ({exc.strerror})")]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                where = _setting_name("port", flags)
+                return [Problem(where, f"{settings.port} is in use on {settings.host}; choose another port")]
+            return [Problem(host, f"cannot listen on {settings.host!r}: {exc.strerror or exc}")]
+    return []
+
+
+def _builtin_problems() -> tuple[list[str], list[Problem]]:
+    """The built-in models, rehearsed like a TOML's."""
+    from service.registry.builtin import ZOO_DIR, builtin_specs
+
+    specs = builtin_specs()
+    problems: list[Problem] = []
+    for spec in specs:
+        problems += [Problem(f"built-in models: {spec.name}.{f}", m) for f, m in _rehearsal(spec, ZOO_DIR)]
+    return [spec.name for spec in specs], problems
+
+
+def _rehearsal(spec: ModelSpec, model_dir: Path) -> list[tuple[str, str]]:
+    from service.registry.dry_build import rehearse  # torch, only for a thorough check
+
+    return rehearse(spec, model_dir)
 
 
 def settings_or_exit(flags: Mapping[str, Any]) -> Settings:

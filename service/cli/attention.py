@@ -16,6 +16,8 @@ from service.cli.remote import (
     client_options,
     layer_list,
     make_client,
+    model_and_inputs,
+    output_path,
     read_inputs,
     token_choice,
     write_arrays,
@@ -33,8 +35,7 @@ def head_list(text: str) -> list[int]:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     out: Path | None = args.output
-    if out is not None and out.suffix not in (*ARRAY_SUFFIXES, ".png"):
-        raise SystemExit(f"hookserve: error: -o must end in .png, .safetensors or .npz (got {out.name!r})")
+    output_path(out, (".png", *ARRAY_SUFFIXES))
     blocks = layer_list(args.blocks)
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
@@ -86,8 +87,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     text = "a vision transformer's attention: where each head looks, -o .png (maps over the image) or arrays"
     p = commands.add_parser("attention", parents=[client_options()], help=text, description=text)
     p.set_defaults(handler=cmd_attention)
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or .npy preprocessed samples")
+    model_and_inputs(p)
     p.add_argument(
         "-b", "--blocks", action="append", default=[], help="blocks or attention modules, comma-separated (default all)"
     )

@@ -1,4 +1,6 @@
-"""`hookserve check`: the start-up validation of `python -m service`, alone, for CI pipelines. Loads nothing."""
+"""`hookserve check`: the start-up validation of `python -m service`, alone, for CI pipelines, and more: each model
+built on the meta device (kwargs, weights keys and shapes, a forward at its input size; no memory, no weights read),
+the host and port bound, the model dir present."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from service.config_check import EXIT_INVALID, check  # the server's own validation, imported when used
 
     flags = {k: getattr(args, k) for k in ("config", "model_dir", "host", "port", "device")}
-    result = check({k: v for k, v in flags.items() if v is not None})
+    result = check({k: v for k, v in flags.items() if v is not None}, thorough=True)
     if args.json:
         problems = [{"where": p.where, "message": p.message} for p in result.problems]
         print_json({"ok": not result.problems, "models": result.models, "problems": problems})
@@ -37,7 +39,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    text = "validate the settings and the models TOML as the server would at start-up, loading nothing"
+    text = (
+        "validate the settings and the models TOML as the server does at start-up, and build each model on the meta "
+        "device (kwargs, weights keys and shapes, input size) and bind the host and port, loading no weights"
+    )
     parser = commands.add_parser("check", help=text, description=text)
     server_flags(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -1,5 +1,5 @@
-"""The commands that ask a running server: models, predict, activations, saliency, layers, summary, inspect,
-load, unload. Each is a thin layer over `service.client.Client`: parse flags, call, print."""
+"""The commands that ask a running server: models, predict, activations, saliency, layers, nodes, summary,
+inspect, load, unload. Each is a thin layer over `service.client.Client`: parse flags, call, print."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from service.cli.errors import EXIT_LOCAL, CliError, usage_error
 from service.cli.estimate import add_dry_run, print_estimate
 from service.cli.output import jsonable, print_json, print_table
 from service.client import Client, Retry
@@ -35,16 +36,26 @@ def client_options() -> argparse.ArgumentParser:
     group.add_argument(
         "--url",
         default=os.environ.get(URL_ENV, DEFAULT_URL),
-        help=f"the server (env {URL_ENV}; default {DEFAULT_URL}); admin calls send $HOOKSERVE_ADMIN_TOKEN",
+        help=f"the server (env {URL_ENV}); admin calls send $HOOKSERVE_ADMIN_TOKEN",
     )
-    group.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    group.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     group.add_argument("--retries", type=int, default=5, help="retries of a 503 (queue full), honouring Retry-After")
-    group.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
+    group.add_argument(
+        "--json", action="store_true", help="print JSON for scripts instead of a table (errors too, on stdout)"
+    )
     return parent
 
 
+def server_url(url: str) -> str:
+    """`--url` as given, refused (exit 2) when it names no http:// or https:// scheme, with the spelling meant."""
+    if url.startswith(("http://", "https://")):
+        return url
+    bare = url.rsplit("://", maxsplit=1)[-1]
+    usage_error(f"--url {url!r} has no http:// or https://; did you mean 'http://{bare}'?")
+
+
 def make_client(args: argparse.Namespace) -> Client:
-    return Client(args.url, timeout=args.timeout, retry=Retry(max_retries=args.retries))
+    return Client(server_url(args.url), timeout=args.timeout, retry=Retry(max_retries=args.retries))
 
 
 def read_inputs(paths: Sequence[str]) -> list[Input]:
@@ -95,9 +106,15 @@ def write_arrays(path: Path, tensors: dict[str, Array], response: dict[str, Any]
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata={"response": text})
 
 
-def _output_kind(path: Path | None, allowed: Sequence[str]) -> None:
-    if path is not None and path.suffix not in allowed:
-        raise SystemExit(f"hookserve: error: -o must end in {', '.join(allowed)} (got {path.name!r})")
+def output_path(path: Path | None, allowed: Sequence[str]) -> None:
+    """Refuse an `-o` the answer could not be written to, before the server does the work: a suffix not in
+    `allowed` (exit 2), a folder that does not exist (exit 1)."""
+    if path is None:
+        return
+    if path.suffix not in allowed:
+        usage_error(f"-o must end in {', '.join(allowed)} (got {path.name!r})")
+    if not path.parent.is_dir():
+        raise CliError(f"-o {path}: no folder {str(path.parent)!r}; create it first", EXIT_LOCAL)
 
 
 def _prediction_rows(inputs: Sequence[str], predictions: Sequence[Prediction]) -> list[list[Any]]:
@@ -150,7 +167,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_activations(args: argparse.Namespace) -> int:
     out: Path | None = args.output
-    _output_kind(out, (*ARRAY_SUFFIXES, ".png"))
+    output_path(out, (*ARRAY_SUFFIXES, ".png"))
     layers = layer_list(args.layers)
     inputs = read_inputs(args.inputs)
     if args.dry_run:
@@ -159,7 +176,7 @@ def cmd_activations(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
             client.activations_image(args.model, Path(args.inputs[0]), layers[0], channels=args.channels).save(out)
-            return _wrote(args, out, {})
+            return wrote(args, out, {})
         if out is not None:
             acts = client.activations(
                 args.model, inputs, layers, capture=args.capture, reduce=args.reduce, tokens=args.tokens
@@ -167,7 +184,7 @@ def cmd_activations(args: argparse.Namespace) -> int:
             shapes = {k: {"shape": list(a.shape), "dtype": str(a.dtype)} for k, a in acts.flat().items()}
             response = {"model": acts.model, "predictions": acts.predictions, "activations": shapes}
             write_arrays(out, acts.flat(), jsonable(response))
-            return _wrote(args, out, shapes)
+            return wrote(args, out, shapes)
         stats = client.activation_stats(
             args.model, inputs, layers, capture=args.capture, reduce=args.reduce, tokens=args.tokens
         )
@@ -183,7 +200,7 @@ def cmd_activations(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wrote(args: argparse.Namespace, path: Path, tensors: dict[str, dict[str, Any]]) -> int:
+def wrote(args: argparse.Namespace, path: Path, tensors: dict[str, dict[str, Any]]) -> int:
     if args.json:
         print_json({"file": str(path), "tensors": tensors})
         return 0
@@ -195,7 +212,7 @@ def _wrote(args: argparse.Namespace, path: Path, tensors: dict[str, dict[str, An
 
 def cmd_saliency(args: argparse.Namespace) -> int:
     out: Path | None = args.output
-    _output_kind(out, (*ARRAY_SUFFIXES, ".png"))
+    output_path(out, (*ARRAY_SUFFIXES, ".png"))
     options: dict[str, Any] = {
         "method": args.method,
         "target": parse_target(args.target),
@@ -213,7 +230,7 @@ def cmd_saliency(args: argparse.Namespace) -> int:
     with make_client(args) as client:
         if out is not None and out.suffix == ".png":
             client.saliency_image(args.model, inputs, alpha=args.alpha, **options).save(out)
-            return _wrote(args, out, {})
+            return wrote(args, out, {})
         result = client.saliency(args.model, inputs, **options)
     if out is not None:
         tensors = {
@@ -226,7 +243,7 @@ def cmd_saliency(args: argparse.Namespace) -> int:
             for r in result.results
         ]
         write_arrays(out, tensors, {"model": result.model, "method": result.method, "results": results})
-        return _wrote(args, out, shapes)
+        return wrote(args, out, shapes)
     if args.json:
         print_json(result)
         return 0
@@ -246,6 +263,17 @@ def cmd_layers(args: argparse.Namespace) -> int:
         return 0
     rows = [["  " * max(0, x.depth - 1) + (x.name or "(root)"), x.type, x.depth, x.num_parameters] for x in layers]
     print_table(["name", "type", "depth", "parameters"], rows)
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        found = client.nodes(args.model)
+    if args.json:
+        print_json(found)
+        return 0
+    rows = [[n.name, n.op, n.target, n.module_type, n.shape] for n in found.nodes]
+    print_table(["node", "op", "target", "module type", f"shape at {found.input_size}"], rows)
     return 0
 
 
@@ -299,7 +327,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     with open(args.spec, "rb") as f:
         entries = tomllib.load(f).get("models", [])
     if not isinstance(entries, list) or not entries:
-        raise SystemExit(f"hookserve: error: {args.spec} has no [[models]] entries")
+        usage_error(f"{args.spec} has no [[models]] entries")
     infos = []
     with make_client(args) as client:
         for entry in entries:
@@ -325,6 +353,11 @@ def cmd_unload(args: argparse.Namespace) -> int:
 # ---- parsers ----------------------------------------------------------------------------------
 
 
+def model_and_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a model name (`hookserve models` lists them)")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or .npy preprocessed samples")
+
+
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = client_options()
 
@@ -334,21 +367,27 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         return parser
 
     p = command("models", cmd_models, "list the server's models, or one model's INFO and repr")
-    p.add_argument("name", nargs="?", help="one model")
+    p.add_argument("name", nargs="?", help="one model (default: list every model)")
 
     p = command("predict", cmd_predict, "class predictions for images (or .npy sample tensors)")
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or .npy preprocessed samples")
-    p.add_argument("-k", "--top-k", type=int, default=5)
+    model_and_inputs(p)
+    p.add_argument("-k", "--top-k", type=int, default=5, help="classes per input")
     p.add_argument("--logits", action="store_true", help="include every logit (with --json)")
     add_dry_run(p)
 
     p = command("activations", cmd_activations, "what layers received and returned: stats, or -o to a file")
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("-l", "--layers", action="append", required=True, help="module paths or patterns (comma-separated)")
-    p.add_argument("--capture", choices=["output", "input", "both"], default="output")
-    p.add_argument("--reduce", choices=["mean", "max", "flatten"], default=None)
+    model_and_inputs(p)
+    p.add_argument(
+        "-l",
+        "--layers",
+        action="append",
+        required=True,
+        help="module paths, patterns (layer4.*) or graph nodes (`hookserve nodes`), comma-separated",
+    )
+    p.add_argument("--capture", choices=["output", "input", "both"], default="output", help="which side of a layer")
+    p.add_argument(
+        "--reduce", choices=["mean", "max", "flatten"], default=None, help="reduce each map over its spatial dims"
+    )
     p.add_argument("-o", "--output", type=Path, help="write .safetensors or .npz (every tensor) or .png (a grid)")
     p.add_argument("--channels", type=int, default=64, help=".png: at most this many channels")
     p.add_argument(
@@ -359,16 +398,16 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_dry_run(p)
 
     p = command("saliency", cmd_saliency, "attribution maps (Captum): a table, or -o to .png or arrays")
-    p.add_argument("model")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
+    model_and_inputs(p)
     p.add_argument(
         "-m",
         "--method",
         default="gradient",
-        help="any method GET /saliency/methods lists (gradient, integrated_gradients, gradcam, occlusion, ...)",
+        help="gradient, input_x_gradient, smoothgrad, integrated_gradients, gradcam, occlusion, ... (a wrong name "
+        "is answered with every method the server has; each method's parameters are in the server's /docs)",
     )
     p.add_argument("-t", "--target", help="class index or label, or one per input comma-separated; default top-1")
-    p.add_argument("--layer", help="gradcam: the layer (default the last Conv2d)")
+    p.add_argument("--layer", help="gradcam: the layer (default: the last Conv2d)")
     p.add_argument("--steps", type=int, help="integrated_gradients (server default 50)")
     p.add_argument("--samples", type=int, help="smoothgrad (server default 25)")
     p.add_argument("--noise", type=float, help="smoothgrad (server default 0.15)")
@@ -380,29 +419,34 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=[],
         type=param_item,
         metavar="KEY=VALUE",
-        help="another parameter of the method, VALUE as JSON (e.g. -p window=[8,8] -p stride=4)",
+        help="another parameter of the method, VALUE as JSON (e.g. -m occlusion -p window=[8,8] -p strides=[4,4])",
     )
     p.add_argument("--alpha", type=float, default=0.5, help=".png: heatmap opacity")
     p.add_argument("-o", "--output", type=Path, help="write .png (heatmap over the input) or .safetensors / .npz")
     add_dry_run(p)
 
     p = command("layers", cmd_layers, "every named submodule")
-    p.add_argument("model")
+    p.add_argument("model", help="a model name")
+
+    p = command("nodes", cmd_nodes, "the graph nodes (torch.fx) /activations can capture beside module paths")
+    p.add_argument("model", help="a model name")
 
     p = command("summary", cmd_summary, "torchinfo summary")
-    p.add_argument("model")
-    p.add_argument("--input-size", help="with the batch dim, e.g. 1,3,224,224 (default 1 + the model's)")
-    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("model", help="a model name")
+    p.add_argument("--input-size", help="with the batch dim, e.g. 1,3,224,224 (default: 1 + the model's)")
+    p.add_argument("--depth", type=int, default=3, help="nesting shown")
 
     p = command("inspect", cmd_inspect, "what a checkpoint holds (uploaded; no pickle runs)")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", help="a local file (uploaded), or with --server-path a path on the server")
     p.add_argument("--compare-to", metavar="MODEL", help="report missing/unexpected keys and shape mismatches")
     p.add_argument("--stats", action="store_true", help="finite statistics of every tensor")
     p.add_argument("--server-path", action="store_true", help="CHECKPOINT is a path under the server's model dir")
 
     p = command("load", cmd_load, "load the [[models]] entries of a TOML file at run time (admin token)")
-    p.add_argument("spec", type=Path, metavar="SPEC.toml")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS", help="wait until ready (0: do not wait)")
+    p.add_argument("spec", type=Path, metavar="SPEC.toml", help="a TOML file of [[models]] entries, as --config takes")
+    wait = "wait until each model is ready, at most this long (0: return at once)"
+    p.add_argument("--wait", type=float, default=300.0, metavar="SECONDS", help=wait)
+    p.add_argument("--no-wait", dest="wait", action="store_const", const=0.0, help="return while the models load")
 
     p = command("unload", cmd_unload, "unload a model and release its memory (admin token)")
-    p.add_argument("name")
+    p.add_argument("name", help="a model name")

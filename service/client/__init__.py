@@ -11,6 +11,7 @@ Inputs are images (paths, bytes, PIL images) or preprocessed samples (NumPy arra
 tensors); tensors travel as safetensors (`wire="json"` for plain JSON). Failed calls raise
 `HookserveError` subclasses carrying `status` and the server's `detail`. The client never
 imports the server: it needs httpx, NumPy and Pillow (torch only for `to_torch()`).
+`read_features` and `extract_features` (bulk feature extraction) are here too.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ from service.client.errors import (
     TransportError,
     Unauthorized,
 )
+from service.client.features import extract_features, read_features
 from service.client.metadata import (
     CheckpointInfo,
     Health,
     Layer,
     ModelInfo,
+    Node,
+    Nodes,
     OptimizerInfo,
     StateDict,
     StateDictEntry,
@@ -90,6 +94,8 @@ __all__ = [
     "InvalidRequest",
     "Layer",
     "ModelInfo",
+    "Node",
+    "Nodes",
     "NotFound",
     "OptimizerInfo",
     "Prediction",
@@ -111,4 +117,6 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "Wire",
+    "extract_features",
+    "read_features",
 ]

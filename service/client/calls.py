@@ -19,7 +19,7 @@ import httpx
 from PIL import Image
 
 from service.client.inputs import Body, ImageInput, Inputs, build_body, json_inputs
-from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, OptimizerInfo, StateDict, Summary
+from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, Nodes, OptimizerInfo, StateDict, Summary
 from service.client.results import (
     Activations,
     ActivationStats,
@@ -385,6 +385,10 @@ def _binary(wire: Wire) -> bool:
 
 def layers(model: str) -> Call[list[Layer]]:
     return Call("GET", f"/models/{_name(model)}/layers", lambda r: [Layer.from_json(x) for x in r.json()["layers"]])
+
+
+def nodes(model: str) -> Call[Nodes]:
+    return Call("GET", f"/models/{_name(model)}/nodes", lambda r: Nodes.from_json(r.json()))
 
 
 def summary(model: str, *, input_size: Sequence[int] | None, depth: int) -> Call[Summary]:

@@ -14,12 +14,16 @@ import httpx
 
 
 class HookserveError(Exception):
-    """Base of every error the client raises. `status` is the HTTP status (None without an answer)."""
+    """Base of every error the client raises. `status` is the HTTP status (None without an answer).
+
+    `detail` is always one line of text; `errors` holds the server's per-field problems when it named any
+    (`[{"loc": ["top_k"], "msg": "...", "type": "..."}]`, pydantic's shape), else it is empty."""
 
     status: int | None = None
 
     def __init__(self, detail: Any, *, status: int | None = None, headers: dict[str, str] | None = None) -> None:
-        self.detail = detail
+        self.errors: list[dict[str, Any]] = field_errors(detail)
+        self.detail: str = detail_text(detail)
         if status is not None:
             self.status = status
         self.headers = headers or {}
@@ -27,7 +31,7 @@ class HookserveError(Exception):
 
     def _text(self) -> str:
         prefix = f"{self.status} " if self.status is not None else ""
-        return f"{prefix}{detail_text(self.detail)}"
+        return f"{prefix}{self.detail}"
 
 
 class BadRequest(HookserveError):
@@ -130,6 +134,13 @@ def error_from_response(response: httpx.Response) -> HookserveError:
         detail = response.text.strip() or response.reason_phrase
     cls = _BY_STATUS.get(response.status_code, ServerError)
     return cls(detail, status=response.status_code, headers=dict(response.headers))
+
+
+def field_errors(detail: Any) -> list[dict[str, Any]]:
+    """The per-field problems of a pydantic-style detail list; [] for any other detail."""
+    if isinstance(detail, list) and detail and all(isinstance(d, dict) for d in detail):
+        return [dict(d) for d in detail]
+    return []
 
 
 def detail_text(detail: Any) -> str:

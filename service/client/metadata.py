@@ -67,6 +67,37 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Node:
+    """One FX graph node (`GET /models/{name}/nodes`): a name /activations can capture, its op and output shape."""
+
+    name: str
+    op: str
+    target: str
+    module: str
+    module_type: str
+    inputs: list[str]
+    shape: list[Any] | None
+    dtype: str | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Node:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """A model's graph nodes in execution order; `input_size` is the batch their shapes are for."""
+
+    model: str
+    input_size: list[int]
+    nodes: list[Node]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Nodes:
+        return cls(str(data["model"]), list(data["input_size"]), [Node.from_json(n) for n in data["nodes"]])
+
+
+@dataclass(frozen=True)
 class Layer:
     """One named submodule; the root is `""`; `num_parameters` counts the whole subtree."""
 

@@ -22,7 +22,7 @@ from service.client.base import DEFAULT_TIMEOUT, DEFAULT_URL, ClientBase
 from service.client.calls import DEFAULT, Call, Target, TimeoutArg, Wire
 from service.client.errors import Conflict
 from service.client.inputs import ImageInput, Inputs
-from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, OptimizerInfo, StateDict, Summary
+from service.client.metadata import CheckpointInfo, Health, Layer, ModelInfo, Nodes, OptimizerInfo, StateDict, Summary
 from service.client.results import (
     Activations,
     ActivationStats,
@@ -405,6 +405,11 @@ class Client(ClientBase):
 
     def layers(self, model: str, *, timeout: TimeoutArg = DEFAULT) -> list[Layer]:
         return self.send(calls.layers(model), timeout)
+
+    def nodes(self, model: str, *, timeout: TimeoutArg = DEFAULT) -> Nodes:
+        """The FX graph nodes /activations can capture beside module paths (e.g. `layer1.0.add`), in execution
+        order, with each one's op, module and output shape (422 for a model FX cannot trace)."""
+        return self.send(calls.nodes(model), timeout)
 
     def summary(
         self, model: str, *, input_size: Sequence[int] | None = None, depth: int = 3, timeout: TimeoutArg = DEFAULT

@@ -7,6 +7,7 @@ we only map each row to its module path and leave the model exactly as it was.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,8 +91,14 @@ def _as_dict(model: nn.Module, stats: Any, depth: int) -> dict[str, Any]:
         "forward_backward_pass_size_mb": stats.to_megabytes(output_bytes),
         "params_size_mb": stats.to_megabytes(param_bytes),
         "estimated_total_size_mb": stats.to_megabytes(total_input + output_bytes + param_bytes),
-        "text": str(stats),
+        "text": _units_as_torchinfo_means(str(stats)),
     }
+
+
+def _units_as_torchinfo_means(text: str) -> str:
+    """`Total mult-adds (M)`: torchinfo formats its `Units` (a str Enum) with an f-string, which Python 3.11 renders
+    as `(Units.MEGABYTES)`; its value is what torchinfo means there."""
+    return re.sub(r"\(Units\.(\w+)\)", lambda m: f"({torchinfo.Units[m.group(1)].value})", text)
 
 
 def _row_params(info: Any, at_max_depth: bool) -> int:

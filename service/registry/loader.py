@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,13 @@ from service.registry.loaded import LoadedModel
 from service.registry.optimizers import build_optimizer
 from service.registry.packed_convolutions import ConvPacks, packed_convolutions
 from service.registry.paths import resolve_under
+from service.registry.preprocess_defaults import resolve_preprocess
 from service.registry.probes import Placement
 from service.registry.row_times import measure_row_times
 from service.registry.sources import DEFAULT_WEIGHTS, build_module
 from service.registry.weights import load_into, load_optimizer_state, read_weights
-from service.specs.model import Interpolation, MemoryFormat, ModelSpec, PreprocessSpec, Source
+from service.specs.model import MemoryFormat, ModelSpec, Source
 
-IMAGENET_RESIZE, IMAGENET_CROP = 256, 224
 log = logging.getLogger("hookserve.loader")
 
 
@@ -178,51 +177,6 @@ def use_channels_last(memory_format: MemoryFormat, module: nn.Module, input_size
     if memory_format is not MemoryFormat.auto:
         return memory_format is MemoryFormat.channels_last
     return len(input_size) == 3 and any(isinstance(m, nn.Conv2d) for m in module.modules())
-
-
-def resolve_preprocess(spec: ModelSpec, module: nn.Module) -> tuple[PreprocessSpec, list[int]]:
-    """Config first, else timm's data config, else the ImageNet defaults sized to `input_size`."""
-    timm_cfg = _timm_data_config(module) if spec.source is Source.timm else None
-    if spec.preprocess is not None:
-        preprocess = spec.preprocess
-    elif timm_cfg is not None:
-        crop = int(timm_cfg["input_size"][-1])
-        preprocess = PreprocessSpec(
-            resize=math.floor(crop / float(timm_cfg.get("crop_pct", 0.875))),
-            crop=crop,
-            interpolation=Interpolation(timm_cfg.get("interpolation", "bilinear")),
-            mean=[float(m) for m in timm_cfg["mean"]],
-            std=[float(s) for s in timm_cfg["std"]],
-        )
-    elif spec.input_size is not None and len(spec.input_size) == 3 and spec.input_size[-1] != IMAGENET_CROP:
-        crop = spec.input_size[-1]
-        channels = spec.input_size[0]
-        preprocess = PreprocessSpec(
-            resize=round(crop * IMAGENET_RESIZE / IMAGENET_CROP),
-            crop=crop,
-            grayscale=channels == 1,
-            **({"mean": [0.449], "std": [0.226]} if channels == 1 else {}),
-        )
-    else:
-        preprocess = PreprocessSpec()
-    if spec.input_size is not None:
-        input_size = list(spec.input_size)
-    elif timm_cfg is not None:
-        input_size = [int(s) for s in timm_cfg["input_size"]]
-    else:
-        side = preprocess.crop or IMAGENET_CROP
-        input_size = [3, side, side]
-    return preprocess, input_size
-
-
-def _timm_data_config(module: nn.Module) -> dict[str, Any] | None:
-    from timm.data.config import resolve_data_config
-
-    try:
-        cfg: dict[str, Any] = resolve_data_config({}, model=module)  # type: ignore[no-untyped-call]
-    except (AttributeError, KeyError, TypeError):
-        return None
-    return cfg
 
 
 def warm_up(

@@ -9,6 +9,7 @@ model is removed, is abandoned at once, and whatever it builds later is never in
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import time
 from collections.abc import Callable
@@ -103,7 +104,9 @@ class Fleet:
     def entry(self, name: str) -> Entry:
         entry = self._entries.get(name)
         if entry is None:
-            raise NotFound(f"no model named {name!r}; GET /models lists them")
+            close = difflib.get_close_matches(name, list(self._entries), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise NotFound(f"no model named {name!r}; {hint}GET /models lists them")
         return entry
 
     def ready(self, name: str) -> ServedModel:

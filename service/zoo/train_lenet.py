@@ -1,4 +1,5 @@
-"""Train the shipped LeNet on scikit-learn's digits: `python -m service.zoo.train_lenet [--out PATH]`.
+"""Train the shipped LeNet on scikit-learn's digits: `python -m service.zoo.train_lenet [--out PATH]` (default
+`./lenet_digits.pt` and `./lenet_samples/`, never the installed package).
 
 Training tensors go through the serving path (8-bit PNG-style PIL image -> `preprocess_image`), so
 serving and training see identical inputs. Adam warms up, SGD (lr 0.001, momentum 0.9) finishes, and
@@ -22,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from service.codecs.preprocess import preprocess_image
-from service.zoo.lenet import LENET_INPUT_SIZE, LeNet, lenet_preprocess_spec, samples_dir, weights_path
+from service.zoo.lenet import LENET_INPUT_SIZE, LeNet, lenet_preprocess_spec
 
 TRAIN_SIZE = 1437
 BATCH_SIZE = 16
@@ -140,12 +141,20 @@ def write_samples(directory: Path) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=weights_path(), help="checkpoint file to write")
+def build_parser() -> argparse.ArgumentParser:
+    """Everything is written under the working directory unless told otherwise: never into the installed package
+    (`--out "$(python -c 'from service.zoo.lenet import weights_path; print(weights_path())')"` replaces the
+    shipped checkpoint on purpose)."""
+    parser = argparse.ArgumentParser(prog="python -m service.zoo.train_lenet", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("lenet_digits.pt"), help="checkpoint file to write")
     parser.add_argument("--epochs", type=int, default=30, help="total epochs (the last 4 use SGD)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples-dir", type=Path, default=samples_dir(), help="where digit_<n>.png go")
+    parser.add_argument("--samples-dir", type=Path, default=Path("lenet_samples"), help="where digit_<n>.png go")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")

@@ -569,3 +569,17 @@ def test_an_unknown_method_lists_the_methods_and_every_field_no_method_has(clien
     assert method["msg"].startswith("Input should be one of gradient, ")
     assert "integrated_gradients" in method["msg"]
     assert kernel == {"loc": ["kernel"], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}
+
+
+def test_the_signed_gradient_is_saliency_without_abs(client: TestClient, lenet: LeNet) -> None:
+    """`gradient` is Captum's `Saliency` (abs=True); `abs: false` is the same call with abs=False."""
+    x, targets = torch.stack([digit_pixels(3), digit_pixels(8)]), [3, 5]
+    inputs = [tensor_input(t) for t in x]
+    signed = saliency(client, model="lenet", inputs=inputs, method="gradient", target=targets, abs=False)
+    absolute = saliency(client, model="lenet", inputs=inputs, method="gradient", target=targets)
+    want = Saliency(lenet).attribute(x.clone().requires_grad_(True), target=targets, abs=False).detach()
+    for i in range(2):
+        got = as_tensor(signed["results"][i]["attribution"])
+        close(got, want[i], f"signed gradient {i}")
+        assert float(got.min()) < 0
+        torch.testing.assert_close(as_tensor(absolute["results"][i]["attribution"]), got.abs())

@@ -7,6 +7,8 @@ when it fails (no uvicorn, no traceback).
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +17,10 @@ import pytest
 import torch
 
 from service.config_check import check
-from tests.cli.conftest import Hookserve
+from service.zoo.vit import vit_weights_path
+from tests.cli.conftest import Hookserve, run_process
 from tests.conftest import write_lenet
-from tests.reliability.live_server import REPO_ROOT, write_slow
+from tests.reliability.live_server import REPO_ROOT, free_port, write_slow
 
 TYPO = """
 [[models]]
@@ -171,9 +174,11 @@ def test_hookserve_check_exit_status_and_output(hookserve: Hookserve, tmp_path: 
     assert as_json.status == 2
     assert '"where": "models.toml: models[0] (x).source"' in as_json.out
     (tmp_path / "good.toml").write_text(write_lenet(tmp_path))
-    good = hookserve("check", "--config", "good.toml", "--model-dir", tmp_path)
+    port = free_port()
+    good = hookserve("check", "--config", "good.toml", "--model-dir", tmp_path, "--port", port)
     assert (good.status, good.out) == (0, "ok: good.toml (lenet)\n")
-    assert hookserve("check").out == "ok: built-in models\n"
+    builtin = hookserve("check", "--port", port)
+    assert builtin.out == "ok: built-in models (lenet, resnet18, efficientvit_b0, vit_digits, vit_tiny)\n"
 
 
 def test_python_m_service_exits_2_with_the_lines_and_no_traceback(tmp_path: Path) -> None:
@@ -199,3 +204,91 @@ def test_python_m_service_exits_2_with_the_lines_and_no_traceback(tmp_path: Path
         ]
         assert "Traceback" not in done.stderr
         assert done.stdout == ""
+
+
+LENET = """
+[[models]]
+name = "lenet"
+source = "python"
+architecture = "service.zoo.lenet:LeNet"
+weights = "lenet_digits.pt"
+"""
+SIZE = "input_size = [3, 32, 32]\n"
+
+
+def thorough(tmp_path: Path, text: str, *flags: object) -> list[str]:
+    """`hookserve check` as its own process: the lines it prints (exit status 2 asserted when there are any)."""
+    (tmp_path / "models.toml").write_text(text)
+    done = run_process(
+        "check", "--config", "models.toml", "--model-dir", tmp_path, "--port", free_port(), *flags, cwd=tmp_path
+    )
+    assert done.status == (2 if done.out.strip() and not done.out.startswith("ok:") else 0), done.err
+    return done.out.splitlines()
+
+
+def test_check_builds_each_model_on_the_meta_device(tmp_path: Path) -> None:
+    write_lenet(tmp_path)
+    text = (
+        '[[models]]\nname = "r"\nsource = "torchvision"\narchitecture = "resnet18"\nkwargs = { num_clases = 10 }\n'
+        + LENET.replace('"lenet"', '"small"') + "input_size = [3, 224]\n"
+        + LENET.replace('"lenet"', '"mixed"').replace("lenet_digits.pt", "vit.safetensors") + SIZE
+    )  # fmt: skip
+    shutil.copyfile(vit_weights_path(), tmp_path / "vit.safetensors")
+    assert thorough(tmp_path, text) == [
+        "models.toml: models[0] (r).kwargs: building it fails: ResNet.__init__() got an unexpected keyword argument "
+        "'num_clases'",
+        "models.toml: models[1] (small).input_size: a forward on zeros of shape [1, 3, 224] fails (Invalid channel "
+        "dimensions); fix input_size",
+        "models.toml: models[2] (mixed).weights: vit.safetensors does not match the architecture: 10 missing keys "
+        "(conv1.weight, conv1.bias, conv2.weight, ...); 56 unexpected keys (blocks.0.attn.proj.bias, "
+        "blocks.0.attn.proj.weight, blocks.0.attn.qkv.bias, ...)",
+    ]
+    assert thorough(tmp_path, LENET + SIZE) == ["ok: models.toml (lenet)"]
+    assert thorough(tmp_path, LENET) == [  # loading would warm it up at 224 x 224, and fail
+        "models.toml: models[0] (lenet).input_size: a forward on zeros of shape [1, 3, 224, 224] fails (a and b must "
+        "have same reduction dim, but got [1, 44944] X [400, 120].); set input_size in the model's config"
+    ]
+
+
+def test_check_refuses_an_empty_toml_a_missing_dir_a_bad_host_and_a_taken_port(tmp_path: Path) -> None:
+    assert thorough(tmp_path, "") == ["models.toml: holds no [[models]] entries: the server would serve no model"]
+    (tmp_path / "models.toml").write_text(write_lenet(tmp_path))
+    missing = run_process("check", "--config", "models.toml", "--model-dir", tmp_path / "none", cwd=tmp_path)
+    assert (missing.status, missing.out.splitlines()[-1]) == (
+        2,
+        f"models.toml: the model dir {str(tmp_path / 'none')!r} (--model-dir / HOOKSERVE_MODEL_DIR) is not a directory",
+    )
+    host = run_process("check", "--host", "no-such-host.invalid", "--port", free_port())
+    assert host.status == 2
+    assert host.out.startswith("--host: 'no-such-host.invalid' is not a host name or address (")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = run_process("check", "--port", port)
+    assert (busy.status, busy.out) == (2, f"--port: {port} is in use on 127.0.0.1; choose another port\n")
+
+
+def test_hints_name_the_right_file_and_table(tmp_path: Path) -> None:
+    write_lenet(tmp_path)
+    text = LENET + 'labels = "digit_labels.txt"\ninterpolation = "bilinear"\n'
+    lines = problems(tmp_path, text)
+    assert lines == [
+        f"models.toml: models[0] (lenet).labels: no labels file 'digit_labels.txt' under the model dir "
+        f"{str(tmp_path)!r}; did you mean 'digits_labels.txt'?",
+        "models.toml: models[0] (lenet).interpolation: unknown field here; 'interpolation' belongs under "
+        "[models.preprocess]",
+    ]
+
+
+def test_a_missing_config_is_answered_before_the_server_is_imported(tmp_path: Path) -> None:
+    probe = (
+        "import sys\nimport service.__main__ as entry\ntry:\n    entry.main(['--config', 'none.toml'])\n"
+        "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules, 'fastapi' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.stdout == "2 False False\n"
+    assert done.stderr == "none.toml: no such file (--config / HOOKSERVE_CONFIG)\n"

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from safetensors.numpy import load_file
 
-from service.cli.main import build_parser
+from service.cli.main import build_parser, command_names
 from service.client import Client
 from service.zoo.lenet import samples_dir, weights_path
 from tests.cli.conftest import Hookserve
@@ -119,9 +119,9 @@ def test_saliency_takes_any_server_method_and_its_parameters(hookserve: Hookserv
     unknown = hookserve("saliency", "lenet", DIGIT_7, "-m", "tarot")
     assert unknown.status != 0
     assert "method: Input should be one of gradient" in unknown.err
-    with pytest.raises(SystemExit) as usage:
-        hookserve("saliency", "lenet", DIGIT_7, "-m", "occlusion", "-p", "window")
-    assert usage.value.code == 2
+    usage = hookserve("saliency", "lenet", DIGIT_7, "-m", "occlusion", "-p", "window")
+    assert usage.status == 2
+    assert usage.err.splitlines()[-1] == "hookserve: error: argument -p/--param: takes KEY=VALUE (got 'window')"
 
 
 def test_layers_summary_models_and_inspect(hookserve: Hookserve, url: str) -> None:
@@ -152,31 +152,38 @@ def test_load_and_unload_take_the_token_from_the_environment(
     )
     denied = hookserve("load", spec)
     assert (denied.status, denied.err) == (
-        1,
+        3,
         "hookserve: error: 401 admin call needs 'Authorization: Bearer <token>'\n",
     )
     monkeypatch.setenv("HOOKSERVE_ADMIN_TOKEN", TOKEN)
-    loaded = hookserve("load", spec, "--wait", "120")
+    loaded = hookserve("load", spec)  # waits until ready, as TorchServe's register does
     assert loaded.status == 0, loaded.err
     assert loaded.out.splitlines()[2].split()[:2] == ["slow3", "ready"]
     assert hookserve("unload", "slow3").out == "unloaded slow3\n"
+    started = hookserve("load", spec, "--no-wait", "--json")
+    assert started.status == 0, started.err
+    assert json.loads(started.out)[0]["status"] in ("loading", "ready")
+    with Client(url, token=TOKEN) as client:
+        client.wait_for_model("slow3", timeout=120)
+    assert hookserve("unload", "slow3").status == 0
 
 
-def test_errors_are_one_line_and_exit_1(hookserve: Hookserve, url: str, tmp_path: Path) -> None:
+def test_errors_are_one_line_with_their_exit_status(hookserve: Hookserve, url: str, tmp_path: Path) -> None:
     missing = hookserve("predict", "nope", DIGIT_7)
-    assert (missing.status, missing.out) == (1, "")
-    assert missing.err == "hookserve: error: 404 no model named 'nope'; GET /models lists them\n"
+    assert (missing.status, missing.out) == (3, "")
+    assert missing.err == "hookserve: error: 404 no model named 'nope'; `hookserve models` lists them\n"
     layer = hookserve("activations", "lenet", DIGIT_7, "-l", "convv1")
-    assert layer.status == 1
+    assert layer.status == 3
     assert layer.err.startswith("hookserve: error: 422 unknown layer 'convv1'; closest: 'conv1'")
     gone = hookserve("predict", "lenet", DIGIT_7, "--url", "http://127.0.0.1:9", "--retries", "0")
-    assert gone.status == 1
+    assert gone.status == 4
     assert gone.err.startswith("hookserve: error: no answer from http://127.0.0.1:9: ")
     unreadable = hookserve("predict", "lenet", tmp_path / "none.png")
     assert unreadable.status == 1
     assert "No such file" in unreadable.err
-    with pytest.raises(SystemExit, match="must end in"):
-        hookserve("activations", "lenet", DIGIT_7, "-l", "conv1", "-o", tmp_path / "x.txt")
+    suffix = hookserve("activations", "lenet", DIGIT_7, "-l", "conv1", "-o", tmp_path / "x.txt")
+    assert suffix.status == 2
+    assert suffix.err == "hookserve: error: -o must end in .safetensors, .npz, .png (got 'x.txt')\n"
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -184,9 +191,8 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for command in ("serve", "check", "models", "predict", "activations", "saliency", "attention", "layers", "inspect"):
-        assert command in text
-    assert "features" in text
+    for command in command_names():
+        assert f"    {command}" in text
 
 
 def test_the_hookserve_script_is_the_cli() -> None:
@@ -214,7 +220,7 @@ def test_attention_table_png_and_arrays(hookserve: Hookserve, url: str, tmp_path
     as_json = json.loads(hookserve("attention", "vit_digits", DIGIT_7, "-b", "blocks.0", "--json").out)
     assert as_json["query_names"] == ["cls"]
     refused = hookserve("attention", "lenet", DIGIT_7)
-    assert refused.status == 1
+    assert refused.status == 3
     assert "lenet has no attention modules" in refused.err
 
 

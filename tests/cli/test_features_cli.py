@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 from sklearn.datasets import load_digits
 
 from service.cli.features import Bar, summary_lines
-from service.client.features import ExtractionReport, FeatureIndex, extract_features
+from service.client.features import ExtractionReport, FeatureIndex, extract_features, read_features
 from service.client.features.store import digest
 from tests.cli.conftest import Hookserve
 from tests.client.servers import digit_png
@@ -180,6 +180,7 @@ def test_the_progress_bar_shows_the_rate_and_resumed_files(capsys: pytest.Captur
     assert "50/100" in err
     assert "img/s" in err
     assert "resumed after 40" in err
+    assert bar.bar.smoothing == 0  # the average rate since the start, as the summary computes it
     quiet = Bar(False)
     quiet.start(total=10, done=0)
     quiet.advance(10)
@@ -199,3 +200,82 @@ def test_features_reads_back_with_numpy(sleepy: LiveServer, images: Path, tmp_pa
     assert shard["conv:output"].shape == (8, 4)
     assert np.isfinite(shard["conv:output"]).all()
     assert first["files"][0] == (images / "000.png").as_posix()
+
+
+def run_features(*argv: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`hookserve features ...` as its own process, stderr a pipe (no terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "features", *(str(a) for a in argv)],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_no_progress_frames_when_stderr_is_no_terminal_and_no_lock_file_left(
+    sleepy: LiveServer, images: Path, tmp_path: Path
+) -> None:
+    options = [o for o in OPTIONS if o != "--no-progress"]
+    done = run_features("sleepy", images, "-o", tmp_path / "out", *options, "--url", sleepy.base_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert not (tmp_path / "out" / ".lock").exists()
+
+
+def test_a_typo_in_a_layer_leaves_the_folder_usable(sleepy: LiveServer, images: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    typo = run_features("sleepy", images, "-o", out, *OPTIONS, "--url", sleepy.base_url, "-l", "convv")
+    assert typo.returncode == 3
+    assert "unknown layer 'convv'" in typo.stderr
+    fixed = run_features("sleepy", images, "-o", out, *OPTIONS, "--url", sleepy.base_url, "--json")
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stdout)["extracted"] == IMAGES
+
+
+def test_resume_does_not_depend_on_how_the_source_is_spelled(sleepy: LiveServer, images: Path, tmp_path: Path) -> None:
+    (tmp_path / "digits").symlink_to(images, target_is_directory=True)
+    first = run_features("sleepy", "digits", "-o", "out", *OPTIONS, "--url", sleepy.base_url, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = run_features(
+        "sleepy", tmp_path / "digits", "-o", tmp_path / "out", *OPTIONS, "--url", sleepy.base_url, "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert (report["files"], report["resumed"], report["images"]) == (IMAGES, IMAGES, 0)
+    names, rows = read_features(tmp_path / "out")
+    assert len(names) == len(rows) == IMAGES
+    assert names[0] == "digits/000.png"
+
+
+def test_ctrl_c_before_a_shard_is_complete_says_nothing_was_kept(
+    sleepy: LiveServer, images: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    options = [o for o in OPTIONS if o not in ("--shard-size", "8")]  # the default: one shard of 48 files
+    command = ["-m", "service.cli", "features", "sleepy", str(images), "-o", str(out), *options]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    as_typed = [sys.executable, "-c", AS_FROM_A_TERMINAL, *command, "--url", sleepy.base_url]
+    process = subprocess.Popen(as_typed, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "index.json").exists():  # planned; the one shard needs ~2.4 s of the model
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no plan written"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert done_shards(out) == 0
+    assert stderr.strip() == (
+        "interrupted before a shard was complete: nothing of this run was kept (a shard is written once its 1024 "
+        "files are done; a smaller --shard-size keeps more of an interrupted run)"
+    )

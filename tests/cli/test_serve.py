@@ -14,7 +14,7 @@ from service.cli.main import run
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
-    monkeypatch.setattr(server_main, "main", lambda argv: calls.append(list(argv)))
+    monkeypatch.setattr(server_main, "main", lambda argv, prog="": calls.append(list(argv)))
     return calls
 
 
@@ -24,7 +24,6 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         (["serve", "--port", "9001", "--device", "cpu"], ["--port", "9001", "--device", "cpu"]),
         (["serve"], []),
         (["--config", "m.toml", "--model-dir", "models"], ["--config", "m.toml", "--model-dir", "models"]),
-        ([], []),  # `hookserve` alone serves, as before
     ],
 )
 def test_serve_passes_its_flags_to_python_m_service(

@@ -6,9 +6,10 @@ import asyncio
 import dataclasses
 import inspect
 
+import httpx
 import numpy as np
 
-from service.client import AsyncClient, Client, Layer
+from service.client import AsyncClient, Client, Layer, Nodes
 from service.zoo.lenet import samples_dir
 from tests.reliability.live_server import LiveServer
 
@@ -54,3 +55,16 @@ def test_concurrent_async_calls_answer_as_the_sync_client(live: LiveServer) -> N
             return await client.layers("lenet")
 
     assert [dataclasses.asdict(x) for x in asyncio.run(introspect())] == [dataclasses.asdict(x) for x in layers]
+
+
+def test_nodes_answer_as_raw_http_on_both_clients(live: LiveServer) -> None:
+    raw = httpx.get(f"{live.base_url}/models/lenet/nodes", timeout=30).json()
+    with Client(live.base_url) as client:
+        nodes = client.nodes("lenet")
+
+    async def fetch() -> Nodes:
+        async with AsyncClient(live.base_url) as client:
+            return await client.nodes("lenet")
+
+    assert dataclasses.asdict(nodes) == raw
+    assert asyncio.run(fetch()) == nodes

@@ -27,8 +27,9 @@ def test_the_client_and_the_commands_import_no_server_code() -> None:
     assert not [m for m in loaded if m.split(".")[0] in SERVER_SIDE]
 
 
-def test_check_shares_the_servers_validation() -> None:
-    loaded = modules_after("from service.cli.main import run\nrun(['check'])")
+def test_check_shares_the_servers_validation_and_builds_on_meta_without_the_server() -> None:
+    loaded = modules_after("from service.cli.main import run\nrun(['check', '--port', '0'])")
     assert "service.config_check" in loaded
     assert "service.specs.model" in loaded
-    assert not [m for m in loaded if m.split(".")[0] in ("torch", "fastapi", "uvicorn")]
+    assert "service.registry.dry_build" in loaded  # torch, to build each model on the meta device
+    assert not [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn")]

@@ -96,11 +96,28 @@ def test_a_failed_model_is_a_conflict(client: Client) -> None:
         client.unload_model("broken")
 
 
-def test_validation_errors_keep_their_list_detail(client: Client) -> None:
+def test_validation_errors_have_text_detail_and_their_field_list(client: Client) -> None:
     with pytest.raises(hs.InvalidRequest) as info:
         client.predict("lenet", DIGIT, top_k=0)
-    assert isinstance(info.value.detail, list)
+    assert isinstance(info.value.detail, str)
+    assert info.value.detail.startswith("top_k: ")
+    assert [e["loc"] for e in info.value.errors] == [["top_k"]]
     assert "top_k" in str(info.value)
+    with pytest.raises(hs.NotFound) as missing:
+        client.predict("nope", DIGIT)
+    assert missing.value.errors == []
+
+
+def test_a_misspelt_method_or_parameter_gets_the_closest_name(client: Client) -> None:
+    with pytest.raises(hs.InvalidRequest) as method:
+        client.saliency("lenet", DIGIT, method="gradcm")
+    assert method.value.detail.endswith("; did you mean 'gradcam'?")
+    with pytest.raises(hs.InvalidRequest) as param:
+        client.saliency("lenet", DIGIT, method="occlusion", params={"stride": 4})
+    assert param.value.detail == "stride: Extra inputs are not permitted; did you mean 'strides'?"
+    with pytest.raises(hs.NotFound) as model:
+        client.predict("lenett", DIGIT)
+    assert model.value.detail == "no model named 'lenett'; did you mean 'lenet'? GET /models lists them"
 
 
 def test_no_server_is_a_transport_error() -> None:

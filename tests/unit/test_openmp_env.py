@@ -14,6 +14,7 @@ from service import openmp_env
 PROBE = """
 import json, os, sys
 import service.__main__  # what `python -m service` runs, without starting the server
+import service.main  # what it imports (with torch) once the settings have passed their checks
 order = list(sys.modules)  # insertion order = import order
 print(json.dumps({
     "spincount": os.environ.get("GOMP_SPINCOUNT"),

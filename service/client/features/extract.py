@@ -284,6 +284,8 @@ def _open_index(
     if not (out_dir / INDEX).exists():
         return FeatureIndex(model, request.to_json(), shard_size, batch_size)
     index = FeatureIndex.load(out_dir)
+    if not any(shard.done for shard in index.shards):  # only a plan (a typo'd layer stops here): start afresh
+        return FeatureIndex(model, request.to_json(), shard_size, batch_size)
     if index.request != request.to_json() or index.shard_size != shard_size:
         raise ExtractionMismatch(
             f"{out_dir} holds an extraction of {index.request} with shard size {index.shard_size}; resume it with "

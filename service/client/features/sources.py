@@ -14,8 +14,12 @@ from pathlib import Path
 
 
 def image_key(path: str) -> str:
-    """The name a file has in the index: its path as found, normalised, with forward slashes."""
-    return Path(os.path.normpath(path)).as_posix()
+    """The name a file has in the index, the same however its source was spelled (`digits/`, `./digits`, or
+    absolute): relative to the working directory when the file lies under it, else absolute; forward slashes."""
+    full = os.path.abspath(path)
+    relative = os.path.relpath(full)
+    inside = relative != os.pardir and not relative.startswith(os.pardir + os.sep)
+    return Path(relative if inside else full).as_posix()
 
 
 def _walk(root: str, exclude: Path | None) -> Iterable[str]:

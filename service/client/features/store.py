@@ -69,24 +69,26 @@ class DirectoryBusy(OSError):
 
 
 class DirectoryLock:
-    """An exclusive lock on an output directory for one run (`fcntl.flock` on `.lock`): a second run
-    into the same directory stops at once instead of interleaving its shards with the first's."""
+    """An exclusive lock on an output directory for one run (`fcntl.flock` on the directory itself, so nothing is
+    left in it): a second run into the same directory stops at once instead of interleaving its shards."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.path = out_dir / ".lock"
+        self.path = out_dir
         self._fd: int | None = None
 
     def __enter__(self) -> DirectoryLock:
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            where = self.path.parent
-            raise DirectoryBusy(f"another run is writing {where}; wait for it or choose another directory") from None
+            raise DirectoryBusy(
+                f"another run is writing {self.path}; wait for it or choose another directory"
+            ) from None
         self._fd = fd
+        (self.path / ".lock").unlink(missing_ok=True)  # the lock file of earlier versions
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any, cast
 
@@ -34,9 +35,14 @@ def choose_request(data: Mapping[str, Any]) -> type[SaliencyCommon]:
     if not isinstance(name, str) or name not in registered_methods():
         choices = ", ".join(registered_methods())
         known = {field for m in registered_methods() for field in request_class(m).model_fields}
-        problems = [{"loc": ["method"], "msg": f"Input should be one of {choices}", "type": "enum"}]
+        msg = f"Input should be one of {choices}" + _did_you_mean(name, registered_methods())
+        problems = [{"loc": ["method"], "msg": msg, "type": "enum"}]
         problems += [
-            {"loc": [key], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}
+            {
+                "loc": [key],
+                "msg": f"Extra inputs are not permitted{_did_you_mean(key, known)}",
+                "type": "extra_forbidden",
+            }
             for key in data
             if key not in known
         ]
@@ -44,13 +50,23 @@ def choose_request(data: Mapping[str, Any]) -> type[SaliencyCommon]:
     chosen = request_class(name)
     misplaced = []
     for key in data:
+        if key in chosen.model_fields:
+            continue
         owners = [m for m in registered_methods() if key in request_class(m).model_fields]
-        if key not in chosen.model_fields and owners:
+        if owners:
             msg = f"{key!r} is a parameter of {_listing(owners)}, not of {name}"
             misplaced.append({"loc": [key], "msg": msg, "type": "extra_forbidden"})
+        elif hint := _did_you_mean(key, chosen.model_fields):
+            misplaced.append({"loc": [key], "msg": f"Extra inputs are not permitted{hint}", "type": "extra_forbidden"})
     if misplaced:
         raise InvalidField(misplaced)
     return chosen
+
+
+def _did_you_mean(value: object, choices: Iterable[str]) -> str:
+    """`; did you mean 'strides'?` when a known name is close to `value`, else nothing."""
+    found = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {found[0]!r}?" if found else ""
 
 
 def _listing(names: list[str]) -> str:

@@ -24,7 +24,7 @@ from service.codecs.preprocess import (
     resized_size,
 )
 from service.errors import TooLarge
-from service.registry.loader import resolve_preprocess
+from service.registry.preprocess_defaults import resolve_preprocess
 from service.specs.model import Interpolation, ModelSpec, PreprocessSpec
 
 MODES = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -161,3 +162,14 @@ def test_sample_is_first_heldout_digit_and_classified_as_it(model: LeNet, digits
         tensor = preprocess_image(image, lenet_preprocess_spec(), channels=3)
     with torch.no_grad():
         assert int(model(tensor[None]).argmax()) == label
+
+
+def test_retraining_writes_under_the_working_directory_not_into_the_package() -> None:
+    from service.zoo.lenet import samples_dir, weights_path
+    from service.zoo.train_lenet import build_parser
+
+    args = build_parser().parse_args([])
+    assert (args.out, args.samples_dir) == (Path("lenet_digits.pt"), Path("lenet_samples"))
+    assert not args.out.is_absolute()
+    assert args.out.resolve() != weights_path().resolve()
+    assert args.samples_dir.resolve() != samples_dir().resolve()
