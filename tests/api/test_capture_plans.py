@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.main import create_app
+from service.registry import capture_graph
 from tests.api.test_prediction_path import resnet18_with_statistics
 from tests.conftest import ClientFactory, read_binary_answer, tensor_input, wait_settled, write_lenet
 
@@ -164,6 +165,35 @@ def test_reused_modules_numbered_calls_are_planned(plans_client: TestClient) -> 
     tensors, rest = capture(plans_client, "lenet", x, **body)
     assert list(rest["activations"]) == ["relu", "relu#2", "relu#3", "relu#4"]
     assert_same_answer((tensors, rest), capture(plans_client, "lenet_eager", x, **body))
+
+
+def test_requests_never_wait_for_a_plan_being_built(
+    make_client: ClientFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    real = capture_graph.build_plan
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("service.registry.capture_plans.build_plan", held)
+    client = make_client(lenet_entry(tmp_path, "lenet"), capture_plans=4, plan_after_requests=2)
+    x, body = inputs("lenet"), {"layers": ["conv2"], "reduce": "max"}
+    try:
+        first = capture(client, "lenet", x, **body)
+        assert plans_info(client, "lenet")["building"] == 0  # seen once: not yet
+        capture(client, "lenet", x, **body)  # seen twice: the build starts, and this request does not wait for it
+        assert started.wait(120)
+        assert_same_answer(capture(client, "lenet", x, **body), first)  # hooks serve it meanwhile
+        info = plans_info(client, "lenet")
+        assert (info["building"], info["planned_forwards"], info["eager_forwards"]) == (1, 0, 3)
+    finally:
+        release.set()
+    wait_built(client, "lenet")
+    assert_same_answer(capture(client, "lenet", x, **body), first)
+    assert plans_info(client, "lenet")["planned_forwards"] == 1
 
 
 def test_an_untraceable_model_falls_back_to_hooks_with_the_reason(make_client: ClientFactory, tmp_path: Path) -> None:
