@@ -74,11 +74,12 @@ class Settings(BaseSettings):
     )
 
     capture_plans: int = Field(
-        16,
+        4,
         ge=0,
         description="Capture sets per model (layers, capture side, sample shape) whose forward-only captures "
         "(/activations layers, /v2 layer outputs, data-set jobs) run on ONNX Runtime from a graph with the captured "
-        "values as extra outputs, when the model's predictions do; least recently used dropped past it; 0: hooks only.",
+        "values as extra outputs, when the model's predictions do; least recently used dropped past it; 0: hooks only. "
+        "Each plan holds ONNX Runtime's own copy of the weights (a resnet18 plan: ~200 MB of RSS).",
     )
     plan_after_requests: int = Field(
         3,

@@ -30,7 +30,7 @@ REMEMBERED = 256  # capture sets whose sightings and refusals are kept (the olde
 
 @dataclass(frozen=True)
 class PlanSettings:
-    limit: int = 16  # plans kept per model; 0: no plans
+    limit: int = 4  # plans kept per model; 0: no plans
     after: int = 3  # batches of one capture set before its plan is built
 
 
@@ -98,7 +98,8 @@ class CapturePlans:
         try:
             with self._build_lock:
                 module = self._module
-                if module is None:
+                if module is None:  # closed while this build waited for the one before it
+                    self._finish(key)
                     return
                 plan = build_plan(module, key, self._channels_last, self._wide_threads)
         except PlanRefused as refused:
