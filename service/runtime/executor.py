@@ -47,7 +47,7 @@ class ExecutorConfig:
     max_batch_delay_ms: float = 5.0
     max_queue: int = 256
     timeout_s: float | None = None  # per-job deadline: 504 after it
-    plans: PlanSettings = field(default_factory=PlanSettings)  # captures on ONNX Runtime (capture_plans.py)
+    plans: PlanSettings = field(default_factory=lambda: PlanSettings(limit=0))  # standalone: hooks only
 
 
 @dataclass
