@@ -1,12 +1,13 @@
 """A model's capture plans: which capture sets run on ONNX Runtime, built off the request path.
 
 Every hooked forward-only capture asks `plan_for` first. A capture set (layers, capture side,
-sample shape) seen `after` times gets a plan built on a background thread (one build at a time
-per model), while the eager hooked lanes keep serving it; once built and checked, the set's later
-batches run on the plan. Plans live in a least-recently-used cache of `limit` entries. A set whose
-plan cannot be built is remembered with the reason (INFO's `capture_plans.fallbacks`) and stays
-eager. The cache belongs to one load of one model: `close()` (the model removed or reloaded)
-drops every plan, and a build still running then is thrown away when it ends.
+sample shape) seen `after` times (once, for a data-set job's chunks) gets a plan built on a
+background thread (one build at a time per model), while the eager hooked lanes keep serving it;
+once built and checked, the set's later batches run on the plan. Plans live in a least-recently-used
+cache of `limit` entries. A set whose plan cannot be built is remembered with the reason (INFO's
+`capture_plans.fallbacks`) and stays eager. The cache belongs to one load of one model: `close()`
+(the model removed or reloaded) drops every plan, and a build still running then is thrown away
+when it ends.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ class CapturePlans:
     def enabled(self) -> bool:
         return self._module is not None
 
-    def plan_for(self, layers: list[str], capture: Capture, x: Tensor) -> CapturePlan | None:
-        """The plan for this batch's capture set, or None (the batch runs eager: counted, a build may start)."""
+    def plan_for(self, layers: list[str], capture: Capture, x: Tensor, *, at_once: bool = False) -> CapturePlan | None:
+        """The plan for this batch's capture set, or None (the batch runs eager: counted, a build may start).
+
+        `at_once`: bulk work (a data-set job) repeats the set many times, so its first sighting starts the build."""
         if self._module is None:
             self.forwards["eager"] += 1
             return None
@@ -83,7 +86,7 @@ class CapturePlans:
             if plan is not None or key in self._refused or key in self._building:
                 return None
             seen = self._seen.pop(key, 0) + 1
-            if seen < self.settings.after:
+            if seen < (1 if at_once else self.settings.after):
                 self._seen[key] = seen
                 while len(self._seen) > REMEMBERED:
                     self._seen.popitem(last=False)

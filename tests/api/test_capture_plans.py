@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from service.config import Settings
 from service.main import create_app
 from service.registry import capture_graph
+from tests.api.test_jobs import run_job, settings_for
 from tests.api.test_prediction_path import resnet18_with_statistics
 from tests.conftest import ClientFactory, read_binary_answer, tensor_input, wait_settled, write_lenet
 
@@ -285,3 +286,16 @@ def test_concurrent_planned_and_eager_requests_each_equal_their_answer_alone(pla
         assert_same_answer(answer, alone[kind])
     # 8 planned requests from 2 threads: 4 batches at least, however they were batched
     assert plans_info(client, "r18")["planned_forwards"] >= before["planned_forwards"] + 4
+
+
+def test_a_data_set_job_builds_its_plan_from_its_first_chunk(tmp_path: Path) -> None:
+    """Bulk work repeats one capture set many times: its plan does not wait for plan_after_requests sightings."""
+    settings = settings_for(tmp_path, capture_plans=4, plan_after_requests=1000)
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": 64}
+        info, result = run_job(client, body)
+        assert info["state"] == "succeeded", info
+        assert result is not None
+        plans = wait_built(client, "lenet")
+        assert [(plan["layers"], plan["capture"]) for plan in plans["plans"]] == [(["fc1"], "output")]

@@ -39,6 +39,7 @@ class CaptureRequest:
     reduce: Reduce | None = None
     nodes: tuple[str, ...] = ()  # FX node names; the model's node graph is traced before the request is queued
     tokens: TokenSelection | None = None  # a vision transformer's tokens to keep (checked before queueing)
+    bulk: bool = False  # one of many batches of this capture set (a data-set job): its plan is built at once
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     modes = {request.capture for request in requests}
     mode = modes.pop() if len(modes) == 1 else Capture.both
     x = to_device(concatenated(inputs), model)
-    output, captured, keys = _capture(model, layers, mode, x)
+    output, captured, keys = _capture(model, layers, mode, x, any(r.bulk for r in requests))
     layout = token_layout(model.module, tuple(x.shape[1:]))
     picks = [
         _Pick(
@@ -98,9 +99,9 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     return _answers(inputs, output, captured, keys, picks, layout)
 
 
-def _capture(model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor) -> Capturing:
+def _capture(model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, bulk: bool) -> Capturing:
     """The layers' captures on the model's capture plan when it has one for them, else by hooks on this lane."""
-    plan = model.capture_plans.plan_for(layers, mode, x)
+    plan = model.capture_plans.plan_for(layers, mode, x, at_once=bulk)
     if plan is not None:
         with torch.inference_mode():
             return plan.capture(x)
