@@ -68,10 +68,14 @@ class CapturePlans:
     def enabled(self) -> bool:
         return self._module is not None
 
-    def plan_for(self, layers: list[str], capture: Capture, x: Tensor, *, at_once: bool = False) -> CapturePlan | None:
+    def plan_for(
+        self, layers: list[str], capture: Capture, x: Tensor, *, at_once: bool = False, learn: bool = True
+    ) -> CapturePlan | None:
         """The plan for this batch's capture set, or None (the batch runs eager: counted, a build may start).
 
-        `at_once`: bulk work (a data-set job) repeats the set many times, so its first sighting starts the build."""
+        `at_once`: bulk work (a data-set job) repeats the set many times, so its first sighting starts the build.
+        `learn=False`: the set is the union of several requests' sets, which few batches repeat: it uses a plan
+        already there but never starts one (each mix would otherwise build and evict plans of its own)."""
         if self._module is None:
             self.forwards["eager"] += 1
             return None
@@ -83,7 +87,7 @@ class CapturePlans:
                 self.forwards["plan"] += 1
                 return plan
             self.forwards["eager"] += 1
-            if plan is not None or key in self._refused or key in self._building:
+            if not learn or plan is not None or key in self._refused or key in self._building:
                 return None
             seen = self._seen.pop(key, 0) + 1
             if seen < (1 if at_once else self.settings.after):

@@ -23,7 +23,7 @@ from service.introspection.capture import Captured, capture_by_layer
 from service.introspection.nodes import NodeGraph, capture_nodes
 from service.introspection.tensor_stats import reduce_tensor
 from service.introspection.tokens import TokenLayout, TokenSelection, selected_tokens, take_tokens, token_layout
-from service.registry.capture_graph import Capturing
+from service.registry.capture_graph import CapturePlan, Capturing
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
@@ -85,7 +85,9 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     modes = {request.capture for request in requests}
     mode = modes.pop() if len(modes) == 1 else Capture.both
     x = to_device(concatenated(inputs), model)
-    output, captured, keys = _capture(model, layers, mode, x, any(r.bulk for r in requests))
+    mixed = len({(frozenset(r.layers), r.capture) for r in requests}) > 1
+    plan = model.capture_plans.plan_for(layers, mode, x, at_once=any(r.bulk for r in requests), learn=not mixed)
+    output, captured, keys = _capture(model, layers, mode, x, plan)
     layout = token_layout(model.module, tuple(x.shape[1:]))
     picks = [
         _Pick(
@@ -99,9 +101,10 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     return _answers(inputs, output, captured, keys, picks, layout)
 
 
-def _capture(model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, bulk: bool) -> Capturing:
-    """The layers' captures on the model's capture plan when it has one for them, else by hooks on this lane."""
-    plan = model.capture_plans.plan_for(layers, mode, x, at_once=bulk)
+def _capture(
+    model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, plan: CapturePlan | None
+) -> Capturing:
+    """The layers' captures on the model's capture plan for them when there is one, else by hooks on this lane."""
     if plan is not None:
         with torch.inference_mode():
             return plan.capture(x)
