@@ -73,6 +73,21 @@ class Settings(BaseSettings):
         "the model (~12 % less CPU per image for resnet18 on a 2-core AVX2 CPU); false: the torch path.",
     )
 
+    capture_plans: int = Field(
+        4,
+        ge=0,
+        description="Capture sets per model (layers, capture side, sample shape) whose forward-only captures "
+        "(/activations layers, /v2 layer outputs, data-set jobs) run on ONNX Runtime from a graph with the captured "
+        "values as extra outputs, when the model's predictions do; least recently used dropped past it; 0: hooks only. "
+        "Each plan holds ONNX Runtime's own copy of the weights (a resnet18 plan: ~200 MB of RSS).",
+    )
+    plan_after_requests: int = Field(
+        3,
+        ge=1,
+        description="Batches of one capture set served by hooks before its capture plan is built (off the request "
+        "path: hooks keep serving it until the plan is checked).",
+    )
+
     packed_convolutions: bool = Field(
         True,
         description="Forwards on a float32 channels_last CPU model's own modules (hooked requests among them) run "

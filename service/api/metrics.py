@@ -8,6 +8,7 @@ collector, so they are never stale.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterable
 
@@ -15,9 +16,10 @@ import torch
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from service.registry.loaded import LoadedModel
 from service.runtime.executor import JobObserver, JobRecord
 from service.runtime.fleet import Fleet, Status
 from service.runtime.jobs import JobKind
@@ -58,7 +60,40 @@ class FleetCollector(Collector):
             if entry.executor is not None:
                 depth.add_metric([name], float(entry.executor.queue_depth))
         yield from (state, load, depth, abandoned)
+        models = [entry.model for entry in registry.entries() if entry.model is not None] if registry else []
+        yield from capture_plan_families(models)
         yield from device_memory_families()
+
+
+def capture_plan_families(models: list[LoadedModel]) -> list[Metric]:
+    """Capture batches by engine, the plans each model holds, and the capture sets left on hooks by reason."""
+    forwards = CounterMetricFamily(
+        "hookserve_capture_forwards",
+        "Forward-only capture batches (/activations layers, /v2 layer outputs, data-set jobs) by engine: plan (ONNX "
+        "Runtime) or eager (hooks).",
+        labels=["model", "engine"],
+    )
+    plans = GaugeMetricFamily(
+        "hookserve_capture_plans", "Capture plans the model holds (at most capture_plans).", labels=["model"]
+    )
+    fallbacks = GaugeMetricFamily(
+        "hookserve_capture_plan_fallbacks",
+        "Capture sets whose plan could not be built, by reason: untraceable (FX), unsupported (a layer or value the "
+        "graph cannot output), export (ONNX), mismatch (outputs differ from the hooks'), error; disabled: the "
+        "model gets no plans (INFO's capture_plans.reason says why).",
+        labels=["model", "reason"],
+    )
+    for model in models:
+        cache = model.capture_plans
+        for engine in ("plan", "eager"):
+            forwards.add_metric([model.name, engine], float(cache.forwards[engine]))
+        plans.add_metric([model.name], float(cache.size))
+        reasons = collections.Counter(refused.kind for _, refused in cache.refusals())
+        if not cache.enabled:
+            reasons["disabled"] = 1
+        for reason, count in sorted(reasons.items()):
+            fallbacks.add_metric([model.name, reason], float(count))
+    return [forwards, plans, fallbacks]
 
 
 def device_memory_families() -> list[Metric]:

@@ -73,5 +73,6 @@ def _fields(entry: Entry) -> dict[str, object]:
             "packed_convolutions_reason": model.conv_packs_reason or None,
             "attention": attention_info(model),
             "attention_reason": model.attention.refusal(model.name),
+            "capture_plans": model.capture_plans.info(),
         }
     return fields

@@ -251,7 +251,7 @@ class JobManager:
         row.resumed_from = done if row.started is not None else None
         row.state, row.done, row.started = JobState.running, done, row.started or time.time()
         self.store.save(row)
-        request = CaptureRequest(tuple(row.layers))
+        request = CaptureRequest(tuple(row.layers), bulk=True)
         began, began_at, saved = time.monotonic(), done, time.monotonic()
         chunk = self.settings.job_chunk_size
         while done < row.total:

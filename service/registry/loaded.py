@@ -11,6 +11,7 @@ from service.introspection.attention import AttentionModules
 from service.introspection.nodes import NodeGraph, Untraceable
 from service.introspection.shape_propagation import ShapePropagation
 from service.introspection.shapes import LayerShapes
+from service.registry.capture_plans import CapturePlans, PlanSettings
 from service.registry.packed_convolutions import ConvPacks
 from service.registry.row_times import RowTimes
 from service.specs.model import ModelSpec, PreprocessSpec
@@ -48,6 +49,9 @@ class LoadedModel:
     node_graph: NodeGraph | Untraceable | None = field(default=None, repr=False)  # FX nodes, traced on first use
     lanes: tuple[nn.Module, ...] = field(default=(), repr=False)  # copies hooked batches run on (lanes.py)
     attention: AttentionModules = field(default_factory=AttentionModules, repr=False)  # readable attention modules
+    capture_plans: CapturePlans = field(  # forward-only captures on ONNX Runtime (capture_plans.py),
+        default_factory=lambda: CapturePlans(None, PlanSettings(), "not served by an executor"), repr=False
+    )  # set by the model's executor
 
     @property
     def name(self) -> str:

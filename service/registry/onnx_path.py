@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -91,8 +92,9 @@ def onnxruntime_copy(
     return runtime, ""
 
 
-def export(module: nn.Module, x: torch.Tensor) -> bytes:
-    """The module's ONNX graph for inputs shaped like `x` with any batch size (`ValueEscapes` if a trace cannot be).
+def export(module: nn.Module, x: torch.Tensor, outputs: Sequence[str] = (OUTPUT,)) -> bytes:
+    """The module's ONNX graph for inputs shaped like `x` with any batch size (`ValueEscapes` if a trace cannot be);
+    `outputs` names the forward's output tensors in order, each with a batch axis.
 
     One export at a time: the TorchScript exporter keeps its state in process-wide globals, so models
     loading side by side would fail each other's exports ("GLOBALS.in_onnx_export must be True").
@@ -105,8 +107,8 @@ def export(module: nn.Module, x: torch.Tensor) -> bytes:
             buffer,  # type: ignore[arg-type]  # a file object is documented and works; the stub names paths only
             dynamo=False,  # the TorchScript exporter: no onnxscript, and seconds rather than tens of seconds
             input_names=[INPUT],
-            output_names=[OUTPUT],
-            dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
+            output_names=list(outputs),
+            dynamic_axes={INPUT: {0: "batch"}} | {name: {0: "batch"} for name in outputs},
         )
     return buffer.getvalue()
 
@@ -140,8 +142,8 @@ class OnnxRuntimeModule(nn.Module):
         super().__init__()
         self.sample_shape = sample_shape
         self.fallback = fallback
-        self.narrow = _session(graph, 1)
-        self.wide = _session(graph, wide_threads) if wide_threads > 1 else None
+        self.narrow = inference_session(graph, 1)
+        self.wide = inference_session(graph, wide_threads) if wide_threads > 1 else None
 
     def accepts(self, x: torch.Tensor) -> bool:
         """Whether the exported graph takes `x` (else the fallback runs it)."""
@@ -162,7 +164,7 @@ class OnnxRuntimeModule(nn.Module):
         return torch.from_numpy(out)
 
 
-def _session(graph: bytes, threads: int) -> Any:
+def inference_session(graph: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -18,13 +18,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
 
 from service.errors import DeadlineExceeded, HookserveError, Unavailable
 from service.introspection.hooks import HookScope
+from service.registry.capture_plans import CapturePlans, PlanSettings
 from service.registry.lanes import hook_lanes
 from service.registry.loaded import LoadedModel
 from service.runtime.jobs import JobKind
@@ -46,6 +47,7 @@ class ExecutorConfig:
     max_batch_delay_ms: float = 5.0
     max_queue: int = 256
     timeout_s: float | None = None  # per-job deadline: 504 after it
+    plans: PlanSettings = field(default_factory=lambda: PlanSettings(limit=0))  # standalone: hooks only
 
 
 @dataclass
@@ -122,6 +124,14 @@ class ModelExecutor:
         if not model.lanes and config.threads > 1:
             model.lanes = hook_lanes(model.module, config.threads)
         self._free_lanes = list(model.lanes)
+        model.capture_plans = CapturePlans(
+            model.module,
+            config.plans,
+            _plans_refusal(model),
+            channels_last=model.channels_last,
+            wide_threads=self._budget.max_per_job,
+            name=model.name,
+        )
         self._scheduler = Scheduler(
             config.max_queue, config.max_batch_size, config.max_batch_delay_ms / 1000.0, lanes=len(model.lanes)
         )
@@ -250,11 +260,12 @@ class ModelExecutor:
         job.abandon()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish queued jobs, then end the threads."""
+        """Finish queued jobs, then end the threads; the model's capture plans go with them."""
         self._scheduler.close()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self.model.capture_plans.close()
 
     # ---- worker side ------------------------------------------------------------------
     def _alone(self) -> bool:
@@ -414,6 +425,14 @@ class ModelExecutor:
         if self._on_job is not None:
             waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
             self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
+
+
+def _plans_refusal(model: LoadedModel) -> str:
+    """Why the model's captures never run on ONNX Runtime ("" when they may): plans follow its predictions."""
+    if model.prediction_path == "onnxruntime":
+        return ""
+    why = model.prediction_path_reason or f"they run on the {model.prediction_path} path"
+    return f"predictions do not run on ONNX Runtime ({why})"
 
 
 def _never() -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from service.config import Settings
 from service.errors import Conflict, ModelLoadError, NotFound
+from service.registry.capture_plans import PlanSettings
 from service.registry.fast_path import PathDefaults
 from service.registry.loaded import LoadedModel
 from service.registry.loader import load_model
@@ -164,6 +165,7 @@ class Fleet:
             max_batch_delay_ms=s.max_batch_delay_ms if spec.max_batch_delay_ms is None else spec.max_batch_delay_ms,
             max_queue=s.max_queue,
             timeout_s=s.request_timeout_s,
+            plans=PlanSettings(limit=s.capture_plans, after=s.plan_after_requests),
         )
         entry.executor = ModelExecutor(model, config, self._on_job, self.budget)
         entry.model = model

@@ -30,6 +30,7 @@ WIDE = "hs-wide"
 DECODE = "hs-decode"
 LOAD = "hs-load"
 TRIM = "hs-trim"
+PLANS = "hs-plan"
 
 
 def executor_name(model: str, index: int) -> str:
@@ -38,6 +39,11 @@ def executor_name(model: str, index: int) -> str:
 
 def load_name(model: str) -> str:
     return f"{LOAD}-{model}"
+
+
+def plan_name(model: str) -> str:
+    """The thread building one model's capture plans."""
+    return f"{PLANS}-{model}"
 
 
 def _find_prctl() -> Callable[..., int] | None:

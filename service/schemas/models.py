@@ -23,6 +23,49 @@ class AttentionInfo(BaseModel):
     )
 
 
+class CaptureSetInfo(BaseModel):
+    """A capture set: these layers (sorted), these sides, from samples of this shape."""
+
+    layers: list[str] = Field(..., examples=[["layer4"]])
+    capture: str = Field(..., examples=["output"])
+    sample_shape: list[int] = Field(..., examples=[[3, 224, 224]])
+
+
+class CapturePlanInfo(CaptureSetInfo):
+    forwards: int = Field(..., description="Batches the plan served.")
+
+
+class CaptureFallbackInfo(CaptureSetInfo):
+    reason: str = Field(
+        ...,
+        description="Why its captures stay on hooks.",
+        examples=["FX cannot trace it (symbolically traced variables cannot be used as inputs to control flow)"],
+    )
+
+
+class CapturePlansInfo(BaseModel):
+    """Forward-only captures on ONNX Runtime: a graph of the model with the captured values as extra outputs."""
+
+    enabled: bool = Field(..., description="Whether the model's captures may run on plans.")
+    reason: str | None = Field(
+        None,
+        description="Why they never do, when they do not.",
+        examples=["predictions do not run on ONNX Runtime (not ONNX Runtime: it runs on cuda)"],
+    )
+    limit: int = Field(..., description="Plans kept (least recently used dropped first): capture_plans.")
+    after_requests: int = Field(
+        ..., description="Batches of a capture set served by hooks before its plan is built: plan_after_requests."
+    )
+    plans: list[CapturePlanInfo] = Field(..., description="The capture sets served by plans, most recently used last.")
+    building: int = Field(..., description="Plans being built now, off the request path.")
+    fallbacks: list[CaptureFallbackInfo] = Field(
+        ..., description="Capture sets whose plan could not be built, each with the reason: hooks serve them."
+    )
+    planned_forwards: int = Field(..., description="Capture batches served by plans.")
+    eager_forwards: int = Field(..., description="Capture batches served by hooks.")
+    evicted: int = Field(..., description="Plans dropped to keep within the limit.")
+
+
 class ModelInfo(BaseModel):
     """What `GET /models` lists for each model."""
 
@@ -88,6 +131,11 @@ class ModelInfo(BaseModel):
         description="Why POST /attention refuses the model (no attention modules, or none whose probabilities "
         "hooks can read), when it does.",
         examples=["efficientvit_b0's attention does not expose probabilities. LiteMLA (...): ..."],
+    )
+    capture_plans: CapturePlansInfo | None = Field(
+        None,
+        description="Which forward-only captures (/activations layers, /v2 layer outputs, data-set jobs) run on "
+        "ONNX Runtime rather than by hooks, and why others do not; null until the model is ready.",
     )
     load_seconds: float | None = None
 

@@ -6,6 +6,8 @@ reduction, so its answer equals the one it would get alone (up to the kernels' r
 for another batch size). Requests that name FX nodes share one run of the model's node graph
 over their concatenated inputs the same way; a request naming both gets both, its layers'
 keys first.
+Layer captures run on the model's capture plan (ONNX Runtime) once one is built for the batch's
+capture set, on the hooked lane otherwise; either gives the same keys, shapes and order.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from service.introspection.capture import Captured, capture_by_layer
 from service.introspection.nodes import NodeGraph, capture_nodes
 from service.introspection.tensor_stats import reduce_tensor
 from service.introspection.tokens import TokenLayout, TokenSelection, selected_tokens, take_tokens, token_layout
+from service.registry.capture_graph import CapturePlan, Capturing
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
@@ -36,6 +39,7 @@ class CaptureRequest:
     reduce: Reduce | None = None
     nodes: tuple[str, ...] = ()  # FX node names; the model's node graph is traced before the request is queued
     tokens: TokenSelection | None = None  # a vision transformer's tokens to keep (checked before queueing)
+    bulk: bool = False  # one of many batches of this capture set (a data-set job): its plan is built at once
 
 
 @dataclass
@@ -81,12 +85,9 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     modes = {request.capture for request in requests}
     mode = modes.pop() if len(modes) == 1 else Capture.both
     x = to_device(concatenated(inputs), model)
-
-    def forward() -> Any:
-        with torch.inference_mode():
-            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
-
-    output, captured, keys = capture_by_layer(model.module, layers, mode, forward)
+    mixed = len({(frozenset(r.layers), r.capture) for r in requests}) > 1
+    plan = model.capture_plans.plan_for(layers, mode, x, at_once=any(r.bulk for r in requests), learn=not mixed)
+    output, captured, keys = _capture(model, layers, mode, x, plan)
     layout = token_layout(model.module, tuple(x.shape[1:]))
     picks = [
         _Pick(
@@ -98,6 +99,21 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
         for r in requests
     ]
     return _answers(inputs, output, captured, keys, picks, layout)
+
+
+def _capture(
+    model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, plan: CapturePlan | None
+) -> Capturing:
+    """The layers' captures on the model's capture plan for them when there is one, else by hooks on this lane."""
+    if plan is not None:
+        with torch.inference_mode():
+            return plan.capture(x)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
+
+    return capture_by_layer(model.module, layers, mode, forward)
 
 
 def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:

@@ -1,0 +1,301 @@
+"""Forward-only captures on ONNX Runtime: a capture set seen `plan_after_requests` times gets a plan built off the
+request path; planned answers equal the hooks' (same keys, order, shapes; values within 1e-4) for every capture side
+and reduce; models whose plans cannot be built fall back to hooks with the reason in INFO and metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from service.config import Settings
+from service.main import create_app
+from service.registry import capture_graph
+from tests.api.test_jobs import run_job, settings_for
+from tests.api.test_prediction_path import resnet18_with_statistics
+from tests.conftest import ClientFactory, read_binary_answer, tensor_input, wait_settled, write_lenet
+
+TOLERANCE = 1e-4
+ADMIN = {"Authorization": "Bearer plans"}
+R18 = """
+[[models]]
+name = "{name}"
+source = "torchvision"
+architecture = "resnet18"
+weights = "r18.pt"
+input_size = [3, 32, 32]
+max_batch_delay_ms = 1.0
+{extra}
+"""
+SIZED_PY = """
+import torch
+from torch import nn
+
+class Sized(nn.Module):
+    '''Checks its input's rank: ONNX Runtime runs it (the trace reads no tensor's value), FX cannot trace it.'''
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        if x.dim() != 2:
+            raise ValueError('Sized takes [N, 4] rows')
+        return self.fc(x)
+"""
+SIZED = """
+[[models]]
+name = "sized"
+source = "python"
+architecture = "sized.py:Sized"
+input_size = [4]
+"""
+# every layer of LeNet (pool and relu run several times: `pool#2`, `relu#4`), and resnet18's stem, a reused
+# in-place ReLU, a BatchNorm whose output `out += identity` changes in place, a whole stage and the head
+LAYERS = {
+    "lenet": ["conv1", "pool", "conv2", "fc1", "fc2", "fc3", "relu"],
+    "r18": ["bn1", "layer1.0.relu", "layer1.0.bn2", "layer4", "fc"],
+}
+
+
+def lenet_entry(model_dir: Path, name: str, extra: str = "") -> str:
+    return write_lenet(model_dir, name).replace("max_batch_delay_ms = 1.0", f"max_batch_delay_ms = 1.0\n{extra}")
+
+
+@pytest.fixture(scope="module")
+def plans_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """LeNet and a tiny resnet18, each also served with onnxruntime = false (hooks only: the reference)."""
+    root = tmp_path_factory.mktemp("plans")
+    torch.save(resnet18_with_statistics().state_dict(), root / "r18.pt")
+    config = (
+        lenet_entry(root, "lenet")
+        + lenet_entry(root, "lenet_eager", "onnxruntime = false")
+        + R18.format(name="r18", extra="")
+        + R18.format(name="r18_eager", extra="onnxruntime = false")
+    )
+    (root / "models.toml").write_text(config)
+    settings = Settings(
+        model_dir=root, config=root / "models.toml", worker_threads=2, capture_plans=16, plan_after_requests=1
+    )
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        yield client
+
+
+def plans_info(client: TestClient, model: str) -> dict[str, Any]:
+    info: dict[str, Any] = client.get(f"/models/{model}").json()["capture_plans"]
+    return info
+
+
+def wait_built(client: TestClient, model: str, count: int = 1) -> dict[str, Any]:
+    """INFO's capture_plans once no build runs and `count` plans were built or refused (builds take seconds)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        info = plans_info(client, model)
+        if info["building"] == 0 and built(info) >= count:
+            return info
+        time.sleep(0.1)
+    raise TimeoutError(f"{model}'s capture plans were not built")
+
+
+def built(info: dict[str, Any]) -> int:
+    """Plans built (held or evicted since) and refused so far."""
+    return len(info["plans"]) + int(info["evicted"]) + len(info["fallbacks"])
+
+
+def first_sighting(client: TestClient, model: str, x: torch.Tensor, **body: Any) -> dict[str, Any]:
+    """Send a capture set the model has not planned yet and wait until its plan (or its fallback) is there."""
+    before = plans_info(client, model)
+    capture(client, model, x, **body)
+    return wait_built(client, model, built(before) + 1)
+
+
+def capture(client: TestClient, model: str, x: torch.Tensor, **body: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    """A safetensors /activations answer: its tensors and its JSON part."""
+    request = {"model": model, "inputs": [tensor_input(t) for t in x], "format": "safetensors", **body}
+    response = client.post("/activations", json=request)
+    assert response.status_code == 200, response.text
+    return read_binary_answer(response.content, "safetensors")
+
+
+def assert_same_answer(got: tuple[dict[str, torch.Tensor], Any], want: tuple[dict[str, torch.Tensor], Any]) -> None:
+    tensors, rest = got
+    expected, expected_rest = want
+    assert sorted(tensors) == sorted(expected)
+    assert list(rest["activations"]) == list(expected_rest["activations"])  # keys in the order the hooks fired
+    assert rest["activations"] == expected_rest["activations"]  # shapes and dtypes
+    for name, t in expected.items():
+        torch.testing.assert_close(tensors[name], t, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
+    top = [[[c["index"] for c in p["top_k"]] for p in answer["predictions"]] for answer in (rest, expected_rest)]
+    assert top[0] == top[1]
+
+
+def inputs(model: str, batch: int = 2, seed: int = 3) -> torch.Tensor:
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("model", ["lenet", "r18"])
+@pytest.mark.parametrize("side", ["output", "input", "both"])
+def test_planned_captures_equal_the_hooks_for_every_side_and_reduce(
+    plans_client: TestClient, model: str, side: str
+) -> None:
+    client, x = plans_client, inputs(model)
+    info = first_sighting(client, model, x, layers=LAYERS[model], capture=side)
+    assert {"layers": sorted(LAYERS[model]), "capture": side, "sample_shape": [3, 32, 32]} in [
+        {k: v for k, v in plan.items() if k != "forwards"} for plan in info["plans"]
+    ]
+    for reduce in (None, "mean", "max"):
+        body = {"layers": LAYERS[model], "capture": side} | ({"reduce": reduce} if reduce else {})
+        planned = capture(client, model, x, **body)
+        assert_same_answer(planned, capture(client, f"{model}_eager", x, **body))
+    after = plans_info(client, model)
+    assert after["planned_forwards"] - info["planned_forwards"] == 3
+    assert after["fallbacks"] == []
+    assert plans_info(client, f"{model}_eager")["reason"].startswith("predictions do not run on ONNX Runtime")
+
+
+def test_reused_modules_numbered_calls_are_planned(plans_client: TestClient) -> None:
+    x = inputs("lenet")
+    body = {"layers": ["relu"], "capture": "both"}
+    first_sighting(plans_client, "lenet", x, **body)
+    tensors, rest = capture(plans_client, "lenet", x, **body)
+    assert list(rest["activations"]) == ["relu", "relu#2", "relu#3", "relu#4"]
+    assert_same_answer((tensors, rest), capture(plans_client, "lenet_eager", x, **body))
+
+
+def test_requests_never_wait_for_a_plan_being_built(
+    make_client: ClientFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    real = capture_graph.build_plan
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("service.registry.capture_plans.build_plan", held)
+    client = make_client(lenet_entry(tmp_path, "lenet"), capture_plans=4, plan_after_requests=2)
+    x, body = inputs("lenet"), {"layers": ["conv2"], "reduce": "max"}
+    try:
+        first = capture(client, "lenet", x, **body)
+        assert plans_info(client, "lenet")["building"] == 0  # seen once: not yet
+        capture(client, "lenet", x, **body)  # seen twice: the build starts, and this request does not wait for it
+        assert started.wait(120)
+        assert_same_answer(capture(client, "lenet", x, **body), first)  # hooks serve it meanwhile
+        info = plans_info(client, "lenet")
+        assert (info["building"], info["planned_forwards"], info["eager_forwards"]) == (1, 0, 3)
+    finally:
+        release.set()
+    wait_built(client, "lenet")
+    assert_same_answer(capture(client, "lenet", x, **body), first)
+    assert plans_info(client, "lenet")["planned_forwards"] == 1
+
+
+def test_an_untraceable_model_falls_back_to_hooks_with_the_reason(make_client: ClientFactory, tmp_path: Path) -> None:
+    (tmp_path / "sized.py").write_text(SIZED_PY)
+    client = make_client(SIZED, capture_plans=4, plan_after_requests=1)
+    x = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+    body = {"model": "sized", "inputs": [tensor_input(t) for t in x], "layers": ["fc"]}
+    first = client.post("/activations", json=body).json()
+    info = wait_built(client, "sized")
+    assert client.get("/models/sized").json()["prediction_path"] == "onnxruntime"
+    assert info["plans"] == []
+    (fallback,) = info["fallbacks"]
+    assert fallback["layers"] == ["fc"]
+    assert fallback["reason"].startswith("FX cannot trace it")
+    again = client.post("/activations", json=body).json()
+    assert again["activations"] == first["activations"]  # hooks serve it, exactly as before
+    assert plans_info(client, "sized")["planned_forwards"] == 0
+    metrics = client.get("/metrics").text
+    assert 'hookserve_capture_plan_fallbacks{model="sized",reason="untraceable"} 1.0' in metrics
+    assert 'hookserve_capture_forwards_total{engine="eager",model="sized"} 2.0' in metrics
+
+
+def test_plans_are_kept_within_the_bound_least_recently_used_first(make_client: ClientFactory, tmp_path: Path) -> None:
+    client = make_client(lenet_entry(tmp_path, "lenet"), capture_plans=1, plan_after_requests=1)
+    x = inputs("lenet")
+    capture(client, "lenet", x, layers=["conv1"])
+    wait_built(client, "lenet")
+    capture(client, "lenet", x, layers=["conv2"])
+    info = wait_built(client, "lenet", 2)  # the second plan, and the first one evicted for it
+    assert [plan["layers"] for plan in info["plans"]] == [["conv2"]]
+    assert info["evicted"] == 1
+    capture(client, "lenet", x, layers=["conv1"])  # evicted: hooks serve it again (and a build starts over)
+    assert plans_info(client, "lenet")["eager_forwards"] == 3
+    assert 'hookserve_capture_plans{model="lenet"} 1.0' in client.get("/metrics").text
+
+
+def test_no_plan_outlives_its_model(make_client: ClientFactory, tmp_path: Path) -> None:
+    entry = lenet_entry(tmp_path, "lenet")
+    client = make_client(entry, capture_plans=4, plan_after_requests=1, admin_token="plans")
+    x = inputs("lenet")
+    capture(client, "lenet", x, layers=["fc1"])
+    wait_built(client, "lenet")
+    capture(client, "lenet", x, layers=["fc1"])
+    assert plans_info(client, "lenet")["planned_forwards"] == 1
+    old = client.app.state.hookserve.fleet.ready("lenet").model.capture_plans  # type: ignore[attr-defined]
+    assert client.delete("/models/lenet", headers=ADMIN).status_code == 200
+    assert old.size == 0
+    assert not old.enabled
+    spec = {
+        "name": "lenet",
+        "source": "python",
+        "architecture": "service.zoo.lenet:LeNet",
+        "weights": "lenet_digits.pt",
+        "input_size": [3, 32, 32],
+    }
+    assert client.post("/models", json=spec, headers=ADMIN).status_code in (200, 201, 202)
+    wait_settled(client)
+    capture(client, "lenet", x, layers=["fc1"])
+    info = plans_info(client, "lenet")
+    assert (info["planned_forwards"], info["eager_forwards"]) == (0, 1)
+
+
+def test_concurrent_planned_and_eager_requests_each_equal_their_answer_alone(plans_client: TestClient) -> None:
+    """Two sample shapes never share a batch: the planned one runs on ONNX Runtime while the other runs on hooks
+    beside it (its own plan, built meanwhile from its first sighting, answers within the same tolerance)."""
+    client = plans_client
+    body = {"layers": ["layer4"], "reduce": "mean"}
+    small, large = inputs("r18", 1, seed=5), torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(6))
+    first_sighting(client, "r18", small, **body)
+    alone = {"planned": capture(client, "r18", small, **body), "eager": capture(client, "r18", large, **body)}
+    before = plans_info(client, "r18")
+    results: list[tuple[str, Any]] = []
+    lock = threading.Lock()
+
+    def client_loop(kind: str) -> None:
+        x = small if kind == "planned" else large
+        for _ in range(4):
+            answer = capture(client, "r18", x, **body)
+            with lock:
+                results.append((kind, answer))
+
+    threads = [threading.Thread(target=client_loop, args=(kind,)) for kind in ("planned", "eager") * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 16
+    for kind, answer in results:
+        assert_same_answer(answer, alone[kind])
+    # 8 planned requests from 2 threads: 4 batches at least, however they were batched
+    assert plans_info(client, "r18")["planned_forwards"] >= before["planned_forwards"] + 4
+
+
+def test_a_data_set_job_builds_its_plan_from_its_first_chunk(tmp_path: Path) -> None:
+    """Bulk work repeats one capture set many times: its plan does not wait for plan_after_requests sightings."""
+    settings = settings_for(tmp_path, capture_plans=4, plan_after_requests=1000)
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        body = {"kind": "unit_stats", "model": "lenet", "dataset": "digits", "layers": ["fc1"], "limit": 64}
+        info, result = run_job(client, body)
+        assert info["state"] == "succeeded", info
+        assert result is not None
+        plans = wait_built(client, "lenet")
+        assert [(plan["layers"], plan["capture"]) for plan in plans["plans"]] == [(["fc1"], "output")]
