@@ -6,7 +6,9 @@ client, so it must never carry a traceback, a server path or a library version.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])(?:/[\w.@+-]+){2,}")
@@ -45,6 +47,14 @@ class NotFound(HookserveError):
     """404: unknown model, tensor key or resource."""
 
     status = 404
+
+
+def unknown_model(name: str, served: Iterable[str]) -> NotFound:
+    """404 for a model nobody serves, naming the served one closest to `name` if any is close: worded alike by one
+    process and by the cluster's router, which knows every group's models."""
+    close = difflib.get_close_matches(name, list(served), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return NotFound(f"no model named {name!r}; {hint}GET /models lists them")
 
 
 class Conflict(HookserveError):

@@ -29,6 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 from service.api.bodies import is_multipart
 from service.cluster.messages import REPLICA_HEADER, ForwardRequest, ForwardResponse
 from service.cluster.routing import is_admin, model_of
+from service.errors import unknown_model
 
 log = logging.getLogger("hookserve.cluster")
 
@@ -247,18 +248,37 @@ class RouterApp:
                 return await self._v2_ready(request)
             if method == "POST" and path == "/v2/repository/index":
                 return await self._repository_index(request)
-        return await self.forward(await self._group_of(request), request)
-
-    async def _group_of(self, request: ForwardRequest) -> str:
-        """The group serving the model the request names; the first group for none, or for a model no group
-        serves (its app then answers as one process would: 404 for the model, or 400/422 for the body first)."""
         if len(self.groups) == 1:
-            return self.groups[0].name
+            return await self.forward(self.groups[0].name, request)
         if len(request.body) > PARSE_IN_THREAD:
             model = await asyncio.to_thread(model_of, request)
         else:
             model = model_of(request)
-        return self.owner.get(model, self.groups[0].name) if model is not None else self.groups[0].name
+        if model is None or model in self.owner:
+            return await self.forward(self.owner[model] if model is not None else self.groups[0].name, request)
+        # a model no group serves: the first group's app answers as one process would (400/422 for the body
+        # first, else 404), and its 404 names the closest model of the whole cluster, not of that group alone
+        return self._unknown_model(model, await self.forward(self.groups[0].name, request))
+
+    def _unknown_model(self, model: str, answer: ForwardResponse) -> ForwardResponse:
+        """The group's 404 for `model` with its message as one process serving every group's models words it."""
+        if answer.status != 404:
+            return answer
+        try:
+            content = orjson.loads(answer.body)
+        except orjson.JSONDecodeError:
+            return answer
+        said = f"no model named {model!r};"
+        fields = (
+            [k for k, v in content.items() if isinstance(v, str) and v.startswith(said)]
+            if isinstance(content, dict)
+            else []
+        )
+        if not fields:
+            return answer
+        content |= {k: str(unknown_model(model, self.owner)) for k in fields}
+        kept = [(k, v) for k, v in answer.headers if k.lower() not in (b"content-length", b"content-type")]
+        return json_response(404, content, kept)
 
     def _refuse_admin(self, request: ForwardRequest) -> ForwardResponse:
         """The token first, as in one process (nobody learns anything without it), then the 409."""

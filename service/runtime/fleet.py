@@ -9,7 +9,6 @@ model is removed, is abandoned at once, and whatever it builds later is never in
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from service.config import Settings
-from service.errors import Conflict, ModelLoadError, NotFound
+from service.errors import Conflict, ModelLoadError, unknown_model
 from service.registry.capture_plans import PlanSettings
 from service.registry.fast_path import PathDefaults
 from service.registry.loaded import LoadedModel
@@ -105,9 +104,7 @@ class Fleet:
     def entry(self, name: str) -> Entry:
         entry = self._entries.get(name)
         if entry is None:
-            close = difflib.get_close_matches(name, list(self._entries), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise NotFound(f"no model named {name!r}; {hint}GET /models lists them")
+            raise unknown_model(name, self._entries)
         return entry
 
     def ready(self, name: str) -> ServedModel:
