@@ -23,8 +23,8 @@ from service.introspection.predictions import require_class_scores, top_k_predic
 from service.introspection.shapes import LayerShapes
 from service.introspection.targets import check_target, resolve_targets, target_scores
 from service.introspection.tokens import TokenSelection, selected_tokens, token_layout
-from service.jobs.vectors import vectors_at, vectors_dir
 from service.registry.loaded import LoadedModel
+from service.registry.steering_vectors import vectors_at, vectors_dir
 from service.runtime.admission import Cost
 from service.runtime.runners.activations import CaptureRequest
 from service.runtime.runners.interventions import (

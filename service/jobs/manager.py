@@ -33,7 +33,7 @@ from service.jobs.features import INDEX as FEATURES_INDEX
 from service.jobs.features import FeaturesReduction
 from service.jobs.kinds import Reduction, SteeringReduction, job_bytes, reduction, unit_count
 from service.jobs.store import DATABASE, MAX_LISTED_ERRORS, JobRow, JobStore
-from service.jobs.vectors import SteeringVector, check_name, vectors_at, vectors_dir
+from service.registry.steering_vectors import SteeringVector, check_name, vectors_at, vectors_dir
 from service.runtime.runners.activations import ACTIVATIONS, CaptureRequest, CaptureResult
 from service.schemas.jobs import JobRequest
 from service.specs.vocab import JobKindName, JobState

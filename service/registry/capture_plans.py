@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from service.errors import first_line
 from service.registry.capture_graph import CapturePlan, PlanKey, PlanRefused, build_plan
-from service.runtime.os_threads import name_os_thread, plan_name
-from service.runtime.threads import pin_torch_threads
 from service.specs.vocab import Capture
 
 log = logging.getLogger("hookserve.plans")
@@ -47,6 +46,7 @@ class CapturePlans:
         channels_last: bool = False,
         wide_threads: int = 1,
         name: str = "",
+        on_build_thread: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.reason = reason or ("capture_plans = 0" if settings.limit <= 0 else "")
@@ -54,6 +54,7 @@ class CapturePlans:
         self._channels_last = channels_last
         self._wide_threads = wide_threads
         self._name = name
+        self._on_build_thread = on_build_thread  # the runtime names the OS thread and pins it to one core
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self._plans: OrderedDict[PlanKey, CapturePlan] = OrderedDict()
@@ -100,8 +101,7 @@ class CapturePlans:
         return None
 
     def _build(self, key: PlanKey) -> None:
-        name_os_thread(plan_name(self._name))
-        pin_torch_threads(1)  # one core: the requests served meanwhile keep the others
+        self._on_build_thread()
         try:
             with self._build_lock:
                 module = self._module

@@ -29,7 +29,7 @@ from service.registry.capture_plans import CapturePlans, PlanSettings
 from service.registry.lanes import hook_lanes
 from service.registry.loaded import LoadedModel
 from service.runtime.jobs import JobKind
-from service.runtime.os_threads import executor_name, name_os_thread
+from service.runtime.os_threads import executor_name, name_os_thread, plan_name
 from service.runtime.runners.base import Runner
 from service.runtime.runners.predict import PREDICT
 from service.runtime.scheduler import Access, Batch, Job, Scheduler
@@ -131,6 +131,7 @@ class ModelExecutor:
             channels_last=model.channels_last,
             wide_threads=self._budget.max_per_job,
             name=model.name,
+            on_build_thread=lambda: _plan_builder_thread(model.name),
         )
         self._scheduler = Scheduler(
             config.max_queue, config.max_batch_size, config.max_batch_delay_ms / 1000.0, lanes=len(model.lanes)
@@ -425,6 +426,13 @@ class ModelExecutor:
         if self._on_job is not None:
             waited = tuple(max(0.0, began - j.enqueued) for j in jobs)
             self._on_job(JobRecord(self.model.name, kind, samples, waited, time.perf_counter() - began))
+
+
+def _plan_builder_thread(model_name: str) -> None:
+    """Set up the thread that builds a model's capture plans: named after the model, on one core (the requests served
+    meanwhile keep the others)."""
+    name_os_thread(plan_name(model_name))
+    pin_torch_threads(1)
 
 
 def _plans_refusal(model: LoadedModel) -> str:

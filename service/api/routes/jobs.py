@@ -15,7 +15,7 @@ from service.api.bodies import read_json, validate
 from service.api.deps import JobsDep
 from service.api.openapi import error_responses, json_body
 from service.jobs.store import JobRow
-from service.jobs.vectors import SteeringVector
+from service.registry.steering_vectors import SteeringVector
 from service.schemas.jobs import FileError, JobInfo, JobList, JobParameters, JobRequest, VectorInfo, VectorList
 from service.specs.vocab import JobKindName, JobState
 
