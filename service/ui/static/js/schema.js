@@ -3,8 +3,9 @@
 // method-specific fields named in their descriptions) and a union over `method` (oneOf with a
 // discriminator, each variant with its own fields) are understood, so new methods need no change here.
 
-/** Fields the page sets itself (inputs, target picker, overlay) rather than as method parameters. */
-const PAGE_FIELDS = new Set(["model", "inputs", "method", "target", "format", "alpha"]);
+/** Fields that are not a method's parameters: the page sets them itself (inputs, target picker, overlay), and
+ * `dry_run` asks for the request's cost instead of running it, on every model-running endpoint alike. */
+const PAGE_FIELDS = new Set(["model", "inputs", "method", "target", "format", "alpha", "dry_run"]);
 
 function resolver(openapi) {
   const schemas = (openapi.components && openapi.components.schemas) || {};
