@@ -38,7 +38,7 @@ FORMAT = "hookserve-features"
 VERSION = 1
 INDEX = "index.json"
 REPORT = "report.json"
-VOLATILE_INFO = ("hooks", "load_seconds", "status", "error")  # change while a model serves
+VOLATILE_INFO = ("hooks", "load_seconds", "status", "error", "capture_plans")  # change while a model serves
 IDENTITY = ("name", "source", "architecture", "weights", "dtype", "input_size", "preprocess", "num_parameters")
 
 
