@@ -25,10 +25,13 @@ import torch
 from torch import nn
 
 LOG = Path(__file__).with_name("forwards.log")
+SLOW = Path(__file__).with_name("slow")
 
 
 class Ticking(nn.Module):
-    """Each forward takes 50 ms and leaves a line in forwards.log (the test counts them)."""
+    """Each forward leaves a line in forwards.log (the test counts them) and, once the file `slow` exists, takes
+    50 ms: the times the server measures at load stay fast, so a request passes the up-front time estimate and
+    meets its deadline while it runs."""
 
     def __init__(self):
         super().__init__()
@@ -39,7 +42,8 @@ class Ticking(nn.Module):
     def forward(self, x):
         with LOG.open("a") as log:
             log.write(f"{x.shape[0]}\\n")
-        time.sleep(0.05)
+        if SLOW.exists():
+            time.sleep(0.05)
         return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
 '''
 
@@ -78,9 +82,13 @@ def settled(model_dir: Path, bound_s: float = 30.0) -> int:
     raise AssertionError("the job never stopped")
 
 
-def start(tmp_path: Path, env: dict[str, str]) -> LiveServer:
+@contextlib.contextmanager
+def start(tmp_path: Path, env: dict[str, str]) -> Iterator[LiveServer]:
+    """The server, ready, with the ticking model slowed down from now on."""
     (tmp_path / "ticking.py").write_text(TICKING_PY)
-    return LiveServer(tmp_path, TICKING_TOML + write_lenet(tmp_path), env=ENV | env)
+    with LiveServer(tmp_path, TICKING_TOML + write_lenet(tmp_path), env=ENV | env) as server:
+        (tmp_path / "slow").touch()
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +103,7 @@ def test_a_job_past_its_deadline_stops_at_its_next_forward(tmp_path: Path) -> No
     with start(tmp_path, {"HOOKSERVE_REQUEST_TIMEOUT_S": "0.5"}) as server:
         before = forwards(tmp_path)
         response = httpx.post(f"{server.base_url}/saliency", json=ig_body(), timeout=60)
-        assert response.status_code == 504
+        assert response.status_code == 504, response.text
         ran = settled(tmp_path) - before
         assert 1 <= ran < STEPS // 4 // 2, f"{ran} forwards ran for a request abandoned after 0.5 s"
 

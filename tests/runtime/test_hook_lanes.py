@@ -40,7 +40,8 @@ class Meeting(nn.Module):
         hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in self.modules())
         self.hooked_forwards_seen.append(hooks)
         y = self.conv(x)
-        if hooks and x.shape[-1] != 8:  # not the load's own probes, at the input size
+        # not the load's own probes (at the input size), nor the service's shape propagation on meta tensors
+        if hooks and x.shape[-1] != 8 and not x.is_meta:
             MEETING.wait(timeout=20)  # alone, this forward would wait in vain and fail
         return self.head(y.mean(dim=(2, 3)))
 """
