@@ -1,7 +1,8 @@
 """Request bodies: JSON or multipart on the same path, into a validated request model.
 
 Multipart (curl-friendly): `model`, one or more `image` files, and every other field of the
-JSON body as a form field (lists comma-separated, booleans true/false).
+JSON body as a form field (lists comma-separated, booleans true/false). An empty field of an optional
+field is no field: its default applies, as when it is left out (Swagger UI's forms send every field).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ async def _parse_multipart(request: Request, chooser: BodyClass[M], settings: Se
             raise TooLarge(f"more than {settings.max_inputs} images (max_inputs)") from None
         raise BadInput(f"malformed multipart form: {message}") from None
     try:
-        model_cls = _chosen(chooser, {k: v for k, v in form.multi_items() if isinstance(v, str)})
+        given = {k: v for k, v in form.multi_items() if isinstance(v, str) and v.strip() != ""}
+        model_cls = _chosen(chooser, given)
         data: dict[str, Any] = {}
         images: list[bytes] = []
         for key, value in form.multi_items():
@@ -110,6 +112,8 @@ async def _parse_multipart(request: Request, chooser: BodyClass[M], settings: Se
                 images.append(await value.read())
             elif key in data:
                 raise InvalidField(f"form field {key!r} given twice")
+            elif value.strip() == "" and not _required(model_cls, key):
+                continue  # an empty form field is no field: its default applies (Swagger UI sends every field)
             else:
                 data[key] = _form_value(model_cls, key, value)
     finally:
@@ -122,6 +126,11 @@ async def _parse_multipart(request: Request, chooser: BodyClass[M], settings: Se
         data["target"] = _form_target(data["target"])
     body = validate(model_cls, data)
     return Parsed(body, images or None)
+
+
+def _required(model_cls: type[BaseModel], key: str) -> bool:
+    field = model_cls.model_fields.get(key)
+    return field is not None and field.is_required()
 
 
 def _form_target(target: Any) -> Any:

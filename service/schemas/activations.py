@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas.common import ModelInputs
+from service.schemas.examples import SAMPLE_INPUTS
 from service.schemas.predict import Prediction
 from service.schemas.tokens import TokenChoice, TokenInfo
 from service.specs.vocab import ActivationFormat, Capture, Reduce
@@ -20,7 +21,7 @@ class ActivationsRequest(ModelInputs):
             "examples": [
                 {
                     "model": "lenet",
-                    "inputs": [{"image": "<base64 PNG>"}],
+                    "inputs": SAMPLE_INPUTS,
                     "layers": ["conv1", "fc*"],
                     "capture": "output",
                     "reduce": None,

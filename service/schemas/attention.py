@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.schemas.common import ModelInputs
+from service.schemas.examples import SAMPLE_INPUTS
 from service.schemas.predict import Prediction
 from service.schemas.tokens import Index, QueryChoice, TokenInfo
 from service.specs.vocab import ActivationFormat
@@ -18,8 +19,8 @@ class AttentionRequest(ModelInputs):
         protected_namespaces=(),
         json_schema_extra={
             "examples": [
-                {"model": "vit_digits", "inputs": [{"image": "<base64 PNG>"}], "blocks": ["blocks.3"]},
-                {"model": "vit_digits", "inputs": [{"image": "<base64 PNG>"}], "blocks": ["blocks.*"], "format": "png"},
+                {"model": "vit_digits", "inputs": SAMPLE_INPUTS, "blocks": ["blocks.3"]},
+                {"model": "vit_digits", "inputs": SAMPLE_INPUTS, "blocks": ["blocks.*"], "format": "png"},
             ]
         },
     )

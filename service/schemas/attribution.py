@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from service.schemas.common import ModelInputs
+from service.schemas.examples import SAMPLE_INPUTS
 from service.schemas.tokens import TokenInfo
 from service.specs.vocab import SaliencyFormat, TensorFormat
 
@@ -20,9 +21,7 @@ class GradientsRequest(ModelInputs):
     model_config = ConfigDict(
         extra="forbid",
         protected_namespaces=(),
-        json_schema_extra={
-            "examples": [{"model": "lenet", "inputs": [{"image": "<base64 PNG>"}], "target": 7, "layers": ["conv2"]}]
-        },
+        json_schema_extra={"examples": [{"model": "lenet", "inputs": SAMPLE_INPUTS, "target": 7, "layers": ["conv2"]}]},
     )
 
     target: TargetField = Field(None, description=TARGET_DESCRIPTION)

@@ -46,7 +46,7 @@ class ModelInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str = Field(..., examples=["lenet"])
+    model: str = Field(..., description="A served model's name (GET /models lists them).", examples=["lenet"])
     inputs: list[InputItem] = Field(..., min_length=1)
     dry_run: bool = Field(
         False,

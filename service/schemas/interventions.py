@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas.attribution import TARGET_DESCRIPTION, TargetField
 from service.schemas.common import InputItem, ModelInputs, TensorPayload
+from service.schemas.examples import SAMPLE_INPUTS
 from service.schemas.predict import Prediction
 from service.schemas.tokens import Index, TokenChoice
 from service.specs.vocab import ActivationFormat, Capture, Reduce
@@ -146,7 +147,7 @@ class InterventionsRequest(ModelInputs):
             "examples": [
                 {
                     "model": "lenet",
-                    "inputs": [{"image": "<base64 PNG>"}],
+                    "inputs": SAMPLE_INPUTS,
                     "edits": [{"site": "conv2", "op": "zero", "channels": [0, 3, 7]}],
                     "layers": ["fc3"],
                 }
@@ -177,9 +178,7 @@ class SweepRequest(ModelInputs):
     model_config = ConfigDict(
         extra="forbid",
         protected_namespaces=(),
-        json_schema_extra={
-            "examples": [{"model": "lenet", "inputs": [{"image": "<base64 PNG>"}], "site": "conv2", "target": 7}]
-        },
+        json_schema_extra={"examples": [{"model": "lenet", "inputs": SAMPLE_INPUTS, "site": "conv2", "target": 7}]},
     )
 
     site: str = Field(..., min_length=1, description="A module path from /layers.")

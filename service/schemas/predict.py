@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.schemas.common import ModelInputs
+from service.schemas.examples import SAMPLE_INPUTS
 
 
 class PredictRequest(ModelInputs):
@@ -15,7 +16,7 @@ class PredictRequest(ModelInputs):
             "examples": [
                 {
                     "model": "lenet",
-                    "inputs": [{"tensor": {"shape": [3, 32, 32], "dtype": "float32", "data": [0.0] * 4 + ["..."]}}],
+                    "inputs": SAMPLE_INPUTS,
                     "top_k": 3,
                 }
             ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -69,3 +71,48 @@ def test_home_links_the_inspector_and_the_docs(watch: Watch, path: str) -> None:
     if path == "/":
         page.click("a[href='ui']")
         page.wait_for_selector("#tree-body .tree-row")
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "service" / "zoo" / "samples" / "digit_4.png"
+
+
+def image_operations(server: LiveServer) -> list[tuple[str, str, str]]:
+    """(tag, operationId, path) of every operation whose body takes images, in JSON or as form files."""
+    schema = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    found = []
+    for path, item in schema["paths"].items():
+        for operation in item.values():
+            form = operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {})
+            if "image" in form.get("schema", {}).get("properties", {}):
+                found.append((operation["tags"][0], operation["operationId"], path))
+    return found
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "multipart/form-data"])
+def test_try_it_out_runs_every_image_operation_as_pre_filled(
+    watch: Watch, server: LiveServer, content_type: str
+) -> None:
+    """Try it out, change nothing but the file to upload, Execute: 200 for every operation that takes images."""
+    page = watch.page
+    operations = image_operations(server)
+    assert {path for _, _, path in operations} >= {"/predict", "/saliency", "/activations", "/interventions"}
+    answers: dict[str, str] = {}
+    for tag, operation_id, path in operations:
+        page.goto(f"/docs#/{tag}/{operation_id}")
+        block = page.locator(f"#operations-{tag}-{operation_id}")
+        block.wait_for()
+        if not block.locator(".try-out__btn").is_visible():
+            block.locator(".opblock-summary-control").click()
+        block.locator(".try-out__btn").click()
+        if content_type != "application/json":
+            block.locator(".body-param-content-type select").select_option(content_type)
+            block.locator("input[type=file]").first.set_input_files(str(SAMPLE))
+        block.locator(".execute").click()
+        status = block.locator(".live-responses-table tbody .response-col_status").first
+        status.wait_for()
+        answers[path] = status.inner_text().strip()
+        if answers[path] != "200":
+            answers[path] += ": " + block.locator(".live-responses-table .microlight").first.inner_text()[:400]
+        if path == "/predict":
+            watch.screenshot(f"docs-try-it-out-predict-{content_type.rsplit('/', maxsplit=1)[-1]}", element=block)
+    assert all(status == "200" for status in answers.values()), answers

@@ -20,6 +20,7 @@ from service.dataplane.attribution import Saliency
 from service.introspection.attribution import SaliencyItem, registered_methods
 from service.introspection.attribution.requests import choose_request, request_class
 from service.schemas.attribution import SaliencyCommon, SaliencyResponse
+from service.schemas.examples import SAMPLE_INPUTS
 from service.specs.vocab import SaliencyFormat
 
 router = APIRouter(tags=["introspection"])
@@ -35,7 +36,7 @@ METHODS = ", ".join(registered_methods())
         "SaliencyRequest",
         [request_class(m) for m in registered_methods()],
         "The attribution method (Captum's).",
-        {"model": "lenet", "inputs": [{"image": "<base64 PNG>"}], "method": "gradcam", "format": "png"},
+        {"model": "lenet", "inputs": SAMPLE_INPUTS, "method": "gradcam", "format": "png"},
     ),
     responses={**error_responses(400, 404, 409, 413, 422, 503), **BINARY_OR_PNG},
 )
