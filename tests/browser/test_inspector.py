@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -247,6 +248,76 @@ def test_an_undecodable_file_shows_the_apis_400_next_to_the_input(watch: Watch, 
     page.wait_for_selector("#input-error:not([hidden])")
     assert page.inner_text("#input-error").startswith("400: ")
     assert page.is_hidden("#topk-table")
+
+
+def test_feature_ablation_sends_only_the_chosen_groups_fields(watch: Watch) -> None:
+    """slic's fields (segments, compactness, sigma) and grid's (cell) show, and are sent, only with their choice:
+    sent together the API refuses them, so grid never ran from the form as pre-filled."""
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    pick_sample(page, "digit_3")
+    wait_pane(page, "a", "gradient")
+    choose_method(page, "a", "feature_ablation")
+    wait_pane(page, "a", "feature_ablation")
+    assert page.is_visible("#a-segments")
+    assert not page.is_visible("#a-cell")
+    slic = heat_pixels(page, "a")
+    page.select_option("#a-groups", "grid")
+    assert page.is_visible("#a-cell")
+    assert not page.is_visible("#a-segments")
+    page.click("#pane-a button.run")
+    page.wait_for_function("p => document.querySelector('#pane-a canvas.heat').toDataURL() !== p", arg=slic)
+    wait_pane(page, "a", "feature_ablation")
+    assert page.is_hidden("#a-groups-error")
+    assert page.is_hidden("#a-method-error")
+    watch.screenshot("lenet-feature-ablation-grid", element=page.locator("#pane-a"))
+
+
+def test_next_to_run_the_pane_says_what_its_request_would_cost(watch: Watch) -> None:
+    """The estimate is the API's dry run of the form's request: a smaller occlusion window is more forwards."""
+    page = watch.page
+    open_inspector(page, "model=lenet&method=occlusion")
+    pick_sample(page, "digit_2")
+    wait_pane(page, "a", "occlusion")
+    assert re.fullmatch(r"took \d+\.\d\d? s", page.inner_text("#a-estimate")), page.inner_text("#a-estimate")
+
+    def forwards() -> int:
+        page.wait_for_function("() => /forwards/.test(document.querySelector('#a-estimate').textContent)")
+        found = re.match(r"≈ ([\d,]+) forwards · ", page.inner_text("#a-estimate"))
+        assert found, page.inner_text("#a-estimate")
+        return int(found.group(1).replace(",", ""))
+
+    page.fill("#a-window", "8,8")
+    page.dispatch_event("#a-window", "change")
+    coarse = forwards()
+    page.fill("#a-window", "4,4")
+    page.dispatch_event("#a-window", "change")
+    page.wait_for_function(
+        "n => !document.querySelector('#a-estimate').textContent.startsWith(`≈ ${n} `)", arg=f"{coarse:,}"
+    )
+    assert forwards() > coarse
+    watch.screenshot("lenet-occlusion-estimate", element=page.locator("#pane-a"))
+
+
+def test_cancel_stops_a_running_pane_and_keeps_its_last_picture(watch: Watch, cat_jpeg: Path) -> None:
+    watch.allow(r"net::ERR_ABORTED|Failed to load resource")
+    page = watch.page
+    open_inspector(page, "model=resnet18&method=integrated_gradients")
+    page.set_input_files("#file", str(cat_jpeg))
+    wait_pane(page, "a", "integrated_gradients")
+    before = heat_pixels(page, "a")
+    page.fill("#a-steps", "512")
+    page.click("#pane-a button.run")
+    page.wait_for_selector('#pane-a[data-state="running"]')
+    assert page.is_visible("#pane-a button.cancel")
+    assert float(page.eval_on_selector("#pane-a figure.overlay", "f => getComputedStyle(f).opacity")) < 1
+    page.wait_for_function("() => /running \\d/.test(document.querySelector('#a-estimate').textContent)")
+    page.click("#pane-a button.cancel")
+    page.wait_for_selector('#pane-a[data-state="cancelled"]')
+    assert page.inner_text("#a-estimate").startswith("cancelled after")
+    assert not page.is_visible("#pane-a button.cancel")
+    assert heat_pixels(page, "a") == before  # the last finished picture stays
+    watch.screenshot("resnet18-cancelled", element=page.locator("#pane-a"))
 
 
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:

@@ -1,4 +1,5 @@
-"""The whole view at 1280 and 1024 px wide: nothing spills sideways, panes sit side by side; the README picture."""
+"""The whole view at 1280 and 1024 px wide: nothing spills sideways, panes sit side by side; the README picture;
+at a phone's 390 px the page scrolls only down."""
 
 from __future__ import annotations
 
@@ -71,6 +72,27 @@ def test_the_full_view_fits_the_width(watch: Watch, width: int) -> None:
     watch.screenshot(f"inspector-{width}")
     if width == 1280:
         save_readme_picture(page)
+
+
+def test_a_phone_scrolls_only_down(watch: Watch) -> None:
+    """At 390 x 844 the top bar wraps instead of widening the page, and the summary's totals keep their numbers on
+    a line (not one character per line in a squeezed column)."""
+    page = watch.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_inspector(page, FULL_VIEW)
+    wait_prediction(page)
+    wait_layer(page)
+    page.locator("dl.totals dd").first.wait_for()
+    assert no_horizontal_overflow(page), page.evaluate("document.documentElement.scrollWidth")
+    assert box(page, ".topbar")["width"] <= 390
+    lines = page.eval_on_selector_all(
+        "dl.totals dd",
+        "ds => ds.map(d => { const r = document.createRange(); r.selectNodeContents(d);"
+        " return r.getClientRects().length; })",
+    )
+    assert lines, "no totals shown"
+    assert max(lines) == 1, lines  # line boxes of each value's text
+    watch.screenshot("inspector-390")
 
 
 def save_readme_picture(page: Page) -> None:

@@ -56,6 +56,15 @@ function readField(field, input) {
   return raw;
 }
 
+/** A dry run's answer in a few words: "≈ 3,025 forwards · ~110 s", or why it would be refused. */
+export function describeCost(cost) {
+  const work = `≈ ${formatNumber(cost.forwards)} forward${cost.forwards === 1 ? "" : "s"}`;
+  const backwards = cost.backwards ? ` + ${formatNumber(cost.backwards)} backward${cost.backwards === 1 ? "" : "s"}` : "";
+  const seconds = cost.seconds < 1 ? "< 1 s" : `~${formatNumber(Math.round(cost.seconds))} s`;
+  const refused = cost.refusal ? ` · would be refused: ${cost.refusal}` : "";
+  return `${work}${backwards} · ${seconds}${refused}`;
+}
+
 export class SaliencyPane {
   /** `app` gives `current()` → {model, input, preprocess, target}, and `targetError` for target details. */
   constructor(root, id, heading, app, onMethod) {
@@ -75,13 +84,25 @@ export class SaliencyPane {
     });
     this.methodError = el("p", { class: "error", id: `${id}-method-error`, role: "alert", hidden: true });
     this.paramsBox = el("div", { class: "params" });
+    this.runButton = el("button", { type: "submit", class: "run", text: "Run" });
+    this.cancelButton = el("button", { type: "button", class: "cancel", text: "Cancel", hidden: true });
+    this.cancelButton.addEventListener("click", () => this.cancel());
+    // what the request would cost (the API's dry run), and while it runs, for how long it has been running
+    this.estimate = el("span", { class: "estimate", id: `${id}-estimate`, "aria-live": "polite" });
+    this.estimateSlot = new Slot();
+    this.started = 0;
+    this.timer = null;
+    this.cancelled = false;
     this.form = el(
       "form",
       { class: "pane-form", onsubmit: (event) => (event.preventDefault(), this.run()) },
       el("div", { class: "field" }, el("label", { for: `${id}-method`, text: "Method" }), this.methodSelect, this.methodError),
       this.paramsBox,
-      el("button", { type: "submit", class: "run", text: "Run" }),
+      el("div", { class: "run-row" }, this.estimate, this.cancelButton, this.runButton),
     );
+    this.form.addEventListener("change", (event) => {
+      if (event.target !== this.methodSelect) this.estimateCost();
+    });
     this.base = el("canvas", { class: "base", "aria-hidden": "true" });
     this.heat = el("canvas", { class: "heat", "aria-hidden": "true" });
     this.stack = el("div", { class: "stack", role: "img", "aria-label": "No heatmap yet" }, this.base, this.heat);
@@ -126,6 +147,31 @@ export class SaliencyPane {
       return { field, input, error, box };
     });
     this.paramsBox.replaceChildren(...this.fields.map((f) => f.box));
+    this.linkModes(method.name);
+  }
+
+  /**
+   * Fields that belong to one choice of another field (feature_ablation's `slic: segments` beside `grid: cell`,
+   * said in their descriptions as "<method> <choice>: ..."): shown, and sent, only while that choice is picked.
+   */
+  linkModes(methodName) {
+    const pattern = new RegExp(`^${methodName}\\s+([a-z_]+):`);
+    for (const f of this.fields) {
+      const match = pattern.exec(f.field.description);
+      const selector = match && this.fields.find((o) => o.field.kind === "enum" && (o.field.choices || []).includes(match[1]));
+      f.mode = selector ? { selector, choice: match[1] } : null;
+    }
+    const update = () => {
+      for (const f of this.fields) f.box.hidden = !this.isActive(f);
+    };
+    for (const selector of new Set(this.fields.filter((f) => f.mode).map((f) => f.mode.selector))) {
+      selector.input.addEventListener("change", update);
+    }
+    update();
+  }
+
+  isActive(f) {
+    return !f.mode || f.mode.selector.input.value === f.mode.choice;
   }
 
   clearErrors() {
@@ -164,18 +210,73 @@ export class SaliencyPane {
     showError(this.slotFor(name), error);
   }
 
-  async run() {
-    const { model, input, preprocess, target } = this.app.current();
-    if (!model || !input || !this.method) return;
-    this.clearErrors();
+  /** The request the form describes, or null without a model, an image or a method. */
+  body() {
+    const { model, input, target } = this.app.current();
+    if (!model || !input || !this.method) return null;
     const body = { model, inputs: [{ image: input.b64 }], method: this.method, format: "safetensors" };
     if (target !== null) body.target = target;
-    for (const { field, input: control } of this.fields) {
+    for (const f of this.fields) {
+      if (!this.isActive(f)) continue; // another choice's field: sent, it would be refused
+      const { field, input: control } = f;
       const value = readField(field, control);
       if (value !== undefined) body[field.name] = value;
     }
+    return body;
+  }
+
+  /** Ask the API what the form's request would cost (dry_run: nothing runs) and say it next to Run. */
+  async estimateCost() {
+    const body = this.body();
+    const signal = this.estimateSlot.next();
+    if (!body) {
+      this.estimate.textContent = "";
+      return null;
+    }
+    try {
+      const cost = await postJSON("saliency", { ...body, dry_run: true }, signal);
+      if (this.timer === null) this.estimate.textContent = describeCost(cost);
+      this.estimate.dataset.admitted = String(cost.admitted);
+      return cost;
+    } catch (error) {
+      if (!isAbort(error) && this.timer === null) this.estimate.textContent = "";
+      return null;
+    }
+  }
+
+  cancel() {
+    this.cancelled = true;
+    this.slot.cancel();
+  }
+
+  startClock() {
+    if (this.timer !== null) window.clearInterval(this.timer);
+    this.started = performance.now();
+    this.cancelButton.hidden = false;
+    const tick = () => {
+      this.estimate.textContent = `running ${((performance.now() - this.started) / 1000).toFixed(1)} s`;
+    };
+    tick();
+    this.timer = window.setInterval(tick, 200);
+  }
+
+  stopClock() {
+    if (this.timer !== null) window.clearInterval(this.timer);
+    this.timer = null;
+    this.cancelButton.hidden = true;
+    return (performance.now() - this.started) / 1000;
+  }
+
+  async run() {
+    const { input, preprocess } = this.app.current();
+    const body = this.body();
+    if (!body) return;
+    this.clearErrors();
     const signal = this.slot.next();
+    this.cancelled = false;
     this.root.dataset.state = "running";
+    this.estimateCost();
+    this.startClock();
     try {
       const buffer = await this.busy.run(() => postJSON("saliency", body, signal, "arrayBuffer"));
       const { metadata, tensors } = parseSafetensors(buffer);
@@ -200,8 +301,19 @@ export class SaliencyPane {
       this.root.dataset.state = "done";
       this.root.dataset.target = String(result.target);
       this.root.dataset.resultMethod = this.method;
+      const seconds = this.stopClock();
+      this.estimate.textContent = `took ${seconds.toFixed(seconds < 1 ? 2 : 1)} s`;
     } catch (error) {
-      if (isAbort(error)) return;
+      if (isAbort(error)) {
+        if (this.cancelled) {  // the Cancel button, not a newer run replacing this one
+          const seconds = this.stopClock();
+          this.root.dataset.state = "cancelled";
+          this.estimate.textContent = `cancelled after ${seconds.toFixed(1)} s`;
+        }
+        return;
+      }
+      this.stopClock();
+      this.estimate.textContent = "";
       this.blank("");
       this.root.dataset.state = "error";
       if (error.status) this.placeError(error);
@@ -211,6 +323,8 @@ export class SaliencyPane {
 
   clear() {
     this.slot.cancel();
+    this.stopClock();
+    this.estimate.textContent = "";
     this.root.dataset.state = "";
     this.blank("Give an image to see where the model looks.");
   }
