@@ -320,6 +320,30 @@ def test_cancel_stops_a_running_pane_and_keeps_its_last_picture(watch: Watch, ca
     watch.screenshot("resnet18-cancelled", element=page.locator("#pane-a"))
 
 
+def test_a_model_without_class_scores_gets_the_panels_that_apply(watch: Watch, cat_jpeg: Path) -> None:
+    """efficientvit_b0 (features only): no /predict, /saliency or /interventions is sent (each was a red 422);
+    those panels say why, and the layers and the model card work as for any model."""
+    page = watch.page
+    open_inspector(page, "model=efficientvit_b0&layer=stages_0")
+    page.set_input_files("#file", str(cat_jpeg))
+    wait_layer(page)
+    page.wait_for_selector("#state-box table tbody tr")
+    for panel in ("#predict-panel", "#saliency-panel"):
+        note = page.locator(f"{panel} > .no-classes")
+        assert note.is_visible(), panel
+        assert "gives no class scores" in note.inner_text()
+    assert not page.is_visible("#pane-a")
+    assert not page.is_visible("#topk-form")
+    sent = [url for url in watch.requests if re.search(r"/(predict|saliency|interventions)(\?|$)", url)]
+    assert sent == []
+    watch.screenshot("efficientvit-no-class-scores")
+    page.select_option("#model", "lenet")  # a model with class scores gets them back
+    pick_sample(page, "digit_4")
+    wait_prediction(page)
+    wait_pane(page, "a", "gradient")
+    assert not page.is_visible("#predict-panel > .no-classes")
+
+
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

@@ -156,6 +156,7 @@ class Inspector {
     const option = [...$("#model").options].find((o) => o.value === name);
     if (option) option.textContent = name; // it may have been listed as "(loading)"
     this.renderInfo(info);
+    this.showClassPanels(info);
     this.attention.setModel(info);
     this.renderSamples();
     this.predictions = null;
@@ -368,9 +369,40 @@ class Inspector {
       this.attention.clear();
       return;
     }
-    this.predict();
-    for (const pane of this.panes) pane.run();
+    if (this.hasClassScores()) {
+      this.predict();
+      for (const pane of this.panes) pane.run();
+    }
     this.attention.run();
+  }
+
+  /** Whether the model answers class scores (INFO's num_classes): prediction, saliency and interventions need them. */
+  hasClassScores() {
+    return Boolean(this.info) && this.info.num_classes !== null && this.info.num_classes !== undefined;
+  }
+
+  /**
+   * A model without class scores (a feature extractor such as efficientvit_b0 served features_only) gets the
+   * panels that apply; the prediction, saliency and interventions panels say why they are off instead of
+   * sending requests the API would refuse.
+   */
+  showClassPanels(info) {
+    const on = this.hasClassScores();
+    const why = `${info.name} gives no class scores (INFO's num_classes is not set: its forward returns features), so `
+      + "there is nothing to predict, attribute to a class or compare; its layers, activations and model card apply.";
+    for (const id of ["#predict-panel", "#saliency-panel", "#interventions-panel"]) {
+      const panel = $(id);
+      const note = panel.querySelector(":scope > .no-classes");
+      note.textContent = on ? "" : why;
+      note.hidden = on;
+      panel.dataset.classScores = String(on);
+    }
+    if (!on) {
+      for (const pane of this.panes) pane.clear();
+      $("#topk-table").hidden = true;
+      $("#predict-hint").hidden = true;
+      clearError($("#predict-error"));
+    }
   }
 
   /** Where an API error belongs: the image (400, 413), the model (404, 409), else `fallback`. */
@@ -381,7 +413,7 @@ class Inspector {
   }
 
   async predict() {
-    if (!this.input) return;
+    if (!this.input || !this.hasClassScores()) return;
     const signal = this.predictSlot.next();
     clearError($("#predict-error"));
     clearError($("#input-error"));
