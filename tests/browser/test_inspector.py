@@ -344,6 +344,38 @@ def test_a_model_without_class_scores_gets_the_panels_that_apply(watch: Watch, c
     assert not page.is_visible("#predict-panel > .no-classes")
 
 
+def test_every_channel_of_a_wide_layer_can_be_switched_off(watch: Watch, server: LiveServer, cat_jpeg: Path) -> None:
+    """resnet18's layer4 has 512 channels: all 512 have a box (only 0-255 had one), ranges untick many at once, and
+    the edited top-k is the API's, with each class's change against the clean run."""
+    page = watch.page
+    open_inspector(page, "model=resnet18&layer=layer4")
+    page.set_input_files("#file", str(cat_jpeg))
+    wait_layer(page)
+    assert "512 channels" in page.inner_text("#edit-site")
+    assert page.locator("#edit-channels input").count() == 512
+    page.fill("#edit-off", "600")
+    page.click("#edit-off-apply")
+    page.wait_for_selector("#edit-error:not([hidden])")
+    assert "past the layer's last, 511" in page.inner_text("#edit-error")
+    page.fill("#edit-off", "300-302, 511")
+    page.click("#edit-off-apply")
+    off = page.eval_on_selector_all("#edit-channels input", "boxes => boxes.filter(b => !b.checked).map(b => +b.value)")
+    assert off == [300, 301, 302, 511]
+    page.click("#edit-form button[type=submit]")
+    page.wait_for_selector("#edit-edited:not([hidden])")
+    assert "channels 300, 301, 302, 511 of layer4 zeroed" in page.inner_text("#edit-edited caption")
+    shown = page.eval_on_selector_all("#edit-edited tbody tr", "rows => rows.map(r => +r.dataset.index)")
+    files = {"image": ("chelsea.jpg", cat_jpeg.read_bytes(), "image/jpeg")}
+    edit = '[{"site": "layer4", "op": "zero", "channels": [300, 301, 302, 511]}]'
+    answer = httpx.post(
+        f"{server.base_url}/interventions", data={"model": "resnet18", "edits": edit}, files=files, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    assert shown == [c["index"] for c in answer.json()["edited"][0]["top_k"]]
+    assert page.locator("#edit-edited td.delta").count() == len(shown)
+    watch.screenshot("resnet18-layer4-interventions", element=page.locator("#interventions-panel"))
+
+
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

@@ -32,7 +32,8 @@ export function formatDetail(detail) {
 /** Show an error in the slot beside the control that caused it (the slot is an aria-live region). */
 export function showError(slot, error) {
   const status = error && error.status ? `${error.status}: ` : "";
-  slot.textContent = status + (error && "detail" in error ? formatDetail(error.detail) : String(error));
+  const detail = error !== null && typeof error === "object" && "detail" in error;  // a string is a message itself
+  slot.textContent = status + (detail ? formatDetail(error.detail) : String(error));
   slot.hidden = false;
 }
 

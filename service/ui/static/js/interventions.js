@@ -5,7 +5,19 @@ import { Slot, isAbort, postJSON } from "./api.js";
 import { clearError, el, showError } from "./dom.js";
 import { renderTopK } from "./topk.js";
 
-const MAX_TOGGLES = 256;
+/** Channel numbers from "0-15, 300": ranges inclusive; throws on anything else or past `count`. */
+export function parseChannels(text, count) {
+  const out = new Set();
+  for (const part of text.split(",").map((p) => p.trim()).filter(Boolean)) {
+    const match = /^(\d+)(?:\s*-\s*(\d+))?$/.exec(part);
+    if (!match) throw new Error(`'${part}' is not a channel or a range (0-15)`);
+    const [first, last] = [Number(match[1]), Number(match[2] ?? match[1])];
+    if (last < first) throw new Error(`'${part}' runs backwards`);
+    if (last >= count) throw new Error(`channel ${last} is past the layer's last, ${count - 1}`);
+    for (let i = first; i <= last; i += 1) out.add(i);
+  }
+  return [...out];
+}
 
 /** The clean and edited top-k of the first input in an answer, whatever nesting it uses. */
 export function cleanAndEdited(answer) {
@@ -52,6 +64,14 @@ export class InterventionsPanel {
     });
     panel.querySelector("#edit-all-on").addEventListener("click", () => this.setAll(true));
     panel.querySelector("#edit-all-off").addEventListener("click", () => this.setAll(false));
+    this.offText = panel.querySelector("#edit-off");
+    panel.querySelector("#edit-off-apply").addEventListener("click", () => this.switchOff());
+    this.offText.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") {
+        event.preventDefault();
+        this.switchOff();
+      }
+    });
     panel.hidden = false;
   }
 
@@ -59,7 +79,8 @@ export class InterventionsPanel {
   setLayer(name, channels) {
     this.layer = name;
     this.site.textContent = name === null ? "Pick a layer in the tree." : `${name || "(model)"} · ${channels} channels`;
-    const count = Math.min(channels || 0, MAX_TOGGLES);
+    const count = channels || 0; // every channel, however wide the layer (the box scrolls)
+    this.count = count;
     this.toggles.replaceChildren(
       ...Array.from({ length: count }, (_, i) =>
         el("label", { class: "channel-toggle" }, el("input", { type: "checkbox", checked: true, value: String(i) }), ` ${i}`),
@@ -69,6 +90,20 @@ export class InterventionsPanel {
 
   setAll(on) {
     for (const box of this.toggles.querySelectorAll("input")) box.checked = on;
+  }
+
+  /** Untick the channels typed in the "switch off" field (ranges such as 0-15, 300). */
+  switchOff() {
+    clearError(this.error);
+    let off;
+    try {
+      off = parseChannels(this.offText.value, this.count || 0);
+    } catch (error) {
+      showError(this.error, error.message);
+      return;
+    }
+    const boxes = this.toggles.querySelectorAll("input");
+    for (const i of off) boxes[i].checked = false;
   }
 
   async run() {
@@ -91,7 +126,10 @@ export class InterventionsPanel {
       const answer = await this.busy.run(() => postJSON("interventions", body, signal));
       const { clean, edited } = cleanAndEdited(answer);
       if (clean) renderTopK(this.clean, clean, "Clean top-k");
-      if (edited) renderTopK(this.edited, edited, `Top-k with channels ${off.join(", ")} of ${this.layer} zeroed`);
+      if (edited) {
+        const caption = `Top-k with channels ${off.join(", ")} of ${this.layer} zeroed`;
+        renderTopK(this.edited, edited, caption, clean);
+      }
       this.panel.dataset.state = "done";
     } catch (error) {
       if (!isAbort(error)) showError(this.error, error);

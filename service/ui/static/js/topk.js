@@ -2,8 +2,20 @@
 
 import { el } from "./dom.js";
 
-/** Rows of `[{index, label, score}]` into `table` (a <table> with a caption). */
-export function renderTopK(table, topK, caption) {
+/** The change of a probability against `before` (null: the class is not in it), in percentage points. */
+function change(score, before) {
+  if (before === null || before === undefined) return { text: "new", cls: "delta new" };
+  const points = (score - before) * 100;
+  const text = `${points >= 0 ? "+" : "−"}${Math.abs(points).toFixed(Math.abs(points) >= 0.1 ? 1 : 3)}`;
+  return { text, cls: `delta ${points > 0 ? "up" : points < 0 ? "down" : ""}` };
+}
+
+/**
+ * Rows of `[{index, label, score}]` into `table` (a <table> with a caption). With `baseline` (another top-k of
+ * the same input), a column says how each class's probability changed against it (Δ p, percentage points).
+ */
+export function renderTopK(table, topK, caption, baseline = null) {
+  const before = baseline ? new Map(baseline.map((c) => [String(c.index), c.score])) : null;
   const body = el(
     "tbody",
     {},
@@ -18,13 +30,20 @@ export function renderTopK(table, topK, caption) {
           el("span", { class: "bar", style: `width: ${Math.max(0.5, c.score * 100).toFixed(2)}%`, "aria-hidden": "true" }),
         ),
         el("td", { class: "value", text: `${(c.score * 100).toFixed(c.score >= 0.001 ? 1 : 3)} %` }),
+        ...(before ? [deltaCell(change(c.score, before.get(String(c.index))))] : []),
       ),
     ),
   );
+  const heads = [el("th", { text: "class" }), el("th", { text: "bar" }), el("th", { text: "probability" })];
+  if (before) heads.push(el("th", { text: "change (points)" }));
   table.replaceChildren(
     el("caption", { class: "sr-only", text: caption }),
-    el("thead", { class: "sr-only" }, el("tr", {}, el("th", { text: "class" }), el("th", { text: "bar" }), el("th", { text: "probability" }))),
+    el("thead", { class: "sr-only" }, el("tr", {}, ...heads)),
     body,
   );
   table.hidden = false;
+}
+
+function deltaCell({ text, cls }) {
+  return el("td", { class: cls, text, title: "change of the probability against the clean run, in percentage points" });
 }
