@@ -64,7 +64,8 @@ def select_layer(page: Page, name: str) -> None:
 
 
 def wait_layer(page: Page) -> None:
-    page.wait_for_selector("#grid-figure:not([hidden])")
+    """The layer view has its picture: the feature-map grid, or the bars of a vector-shaped layer."""
+    page.wait_for_selector("#grid-figure:not([hidden]), #vector-figure:not([hidden])")
     page.wait_for_selector('#layer-view[aria-busy="false"]')
 
 

@@ -376,6 +376,36 @@ def test_every_channel_of_a_wide_layer_can_be_switched_off(watch: Watch, server:
     watch.screenshot("resnet18-layer4-interventions", element=page.locator("#interventions-panel"))
 
 
+@pytest.mark.parametrize("case", ["lenet/fc1/120", "resnet18/avgpool/512"])
+def test_a_vector_shaped_layer_is_drawn_as_bars_on_one_scale(
+    watch: Watch, server: LiveServer, cat_jpeg: Path, case: str
+) -> None:
+    """[N, K] and [N, C, 1, 1] outputs were one black 1-pixel tile per unit; now one bar per unit, shared scale,
+    and a clicked bar says the API's value for that unit."""
+    model, layer, count = case.split("/")
+    units = int(count)
+    page = watch.page
+    open_inspector(page, f"model={model}&layer={layer}")
+    page.set_input_files("#file", str(cat_jpeg))
+    page.wait_for_selector("#vector-figure:not([hidden])")
+    assert not page.is_visible("#grid-figure")
+    assert page.get_attribute("#vector-canvas", "data-units") == str(units)
+    assert f"{units} units on one shared scale" in page.inner_text("#vector-caption")
+    assert image_stats(page, "#vector-canvas")["std"] > 10  # bars, not a blank box
+    files = {"image": ("chelsea.jpg", cat_jpeg.read_bytes(), "image/jpeg")}
+    body = {"model": model, "layers": layer}
+    answer = httpx.post(f"{server.base_url}/activations", data=body, files=files, timeout=60).json()
+    values = np.asarray(answer["activations"][layer]["output"]["data"], dtype=np.float64).ravel()
+    box = page.locator("#vector-canvas").bounding_box()
+    assert box is not None
+    unit = int(np.argmax(values))
+    page.mouse.click(box["x"] + (unit + 0.5) * box["width"] / units, box["y"] + box["height"] / 2)
+    shown = page.inner_text("#vector-unit")
+    assert shown.startswith(f"unit {unit}: "), shown
+    assert math.isclose(float(shown.split(": ")[1]), values[unit], rel_tol=1e-3)
+    watch.screenshot(f"{model}-{layer}-bars", element=page.locator("#layer-view"))
+
+
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

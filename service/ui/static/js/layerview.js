@@ -7,6 +7,21 @@ import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
 const SEPARATOR = 2; // px between tiles in the API's grid (service/codecs/pictures.py)
 const ENLARGED = 192; // px, the longer side of an enlarged channel
 
+/** A vector per input: [N, K], or [N, C, 1, 1] (after global pooling). Drawn as bars, not one 1-pixel tile each. */
+export function isVectorShape(shape) {
+  if (!Array.isArray(shape)) return false;
+  return shape.length === 2 || (shape.length === 4 && shape[2] === 1 && shape[3] === 1);
+}
+
+/** Nested lists of numbers, flattened in order. */
+function flatten(data) {
+  return Array.isArray(data) ? data.flatMap(flatten) : [Number(data)];
+}
+
+const POSITIVE = "#1f5fbf";
+const NEGATIVE = "#c0392b";
+const BARS_HEIGHT = 140; // css px
+
 /** How many tiles the API draws for an output shape (first input): channels of [N, C, H, W], units of [N, K]. */
 export function tileCount(shape) {
   if (!Array.isArray(shape) || shape.length < 2) return 1;
@@ -32,6 +47,13 @@ export class LayerView {
     this.channelCanvas = panel.querySelector("#channel-canvas");
     this.channelCaption = panel.querySelector("#channel-caption");
     this.enlarged = panel.querySelector("#enlarged");
+    this.vectorFigure = panel.querySelector("#vector-figure");
+    this.vectorCanvas = panel.querySelector("#vector-canvas");
+    this.vectorCaption = panel.querySelector("#vector-caption");
+    this.vectorUnit = panel.querySelector("#vector-unit");
+    this.values = null;
+    this.vectorCanvas.addEventListener("click", (event) => this.clickBar(event));
+    this.vectorCanvas.addEventListener("keydown", (event) => this.stepBar(event));
     this.tiles = 0;
     this.gridUrl = null;
     this.grid.addEventListener("click", (event) => this.clickGrid(event));
@@ -60,6 +82,8 @@ export class LayerView {
     this.statsTable.hidden = true;
     this.gridFigure.hidden = true;
     this.enlarged.hidden = true;
+    this.vectorFigure.hidden = true;
+    this.values = null;
     this.panel.querySelector("#layer-controls").hidden = true;
     if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
     this.gridUrl = null;
@@ -88,6 +112,12 @@ export class LayerView {
         this.renderStats(stats.activations);
         const key = keys.includes(layer.name) ? layer.name : keys.find((k) => stats.activations[k].output) || keys[0];
         const outShape = stats.activations[key] && stats.activations[key].output && stats.activations[key].output.shape;
+        if (isVectorShape(outShape)) {
+          const answer = await postJSON("activations", { model, inputs, layers: [layer.name] }, signal);
+          this.showVector(key, outShape, flatten(answer.activations[key].output.data));
+          return;
+        }
+        this.vectorFigure.hidden = true;
         const channels = Math.max(1, Math.min(1024, Number(this.channelsInput.value) || 64));
         this.tiles = Math.min(tileCount(outShape), channels);
         this.panel.querySelector("#layer-controls").hidden = false;
@@ -110,6 +140,61 @@ export class LayerView {
       this.reset();
       showError(this.error, error);
     }
+  }
+
+  /** The units of a vector-shaped output as bars on one shared scale, positive up in blue, negative down in red. */
+  showVector(key, shape, values) {
+    this.gridFigure.hidden = true;
+    this.enlarged.hidden = true;
+    this.panel.querySelector("#layer-controls").hidden = true;
+    this.values = values;
+    const lo = Math.min(0, ...values);
+    const hi = Math.max(0, ...values);
+    const canvas = this.vectorCanvas;
+    const width = Math.max(240, Math.min(640, this.panel.clientWidth - 24));
+    const ratio = window.devicePixelRatio || 1;
+    canvas.style.width = `${width}px`;
+    canvas.style.height = `${BARS_HEIGHT}px`;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(BARS_HEIGHT * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, BARS_HEIGHT);
+    const span = hi - lo || 1;
+    const zero = BARS_HEIGHT - ((0 - lo) / span) * BARS_HEIGHT;
+    const step = width / values.length;
+    values.forEach((v, i) => {
+      const y = BARS_HEIGHT - ((v - lo) / span) * BARS_HEIGHT;
+      ctx.fillStyle = v >= 0 ? POSITIVE : NEGATIVE;
+      ctx.fillRect(i * step, Math.min(y, zero), Math.max(step - (step > 3 ? 1 : 0), 0.5), Math.max(Math.abs(zero - y), 1));
+    });
+    ctx.fillStyle = "#666";
+    ctx.fillRect(0, zero, width, 1);
+    canvas.dataset.units = String(values.length);
+    canvas.setAttribute("aria-label", `${values.length} units of ${key}, from ${formatNumber(lo)} to ${formatNumber(hi)}`);
+    this.vectorCaption.textContent = `${key} ${formatShape(shape)}: ${values.length} units on one shared scale `
+      + `(${formatNumber(lo)} to ${formatNumber(hi)}; blue above zero, red below). Click a bar, or use the arrow keys, for its value.`;
+    this.vectorUnit.textContent = "";
+    this.vectorFigure.hidden = false;
+  }
+
+  clickBar(event) {
+    if (!this.values) return;
+    const rect = this.vectorCanvas.getBoundingClientRect();
+    this.showUnit(Math.floor(((event.clientX - rect.left) / rect.width) * this.values.length));
+  }
+
+  stepBar(event) {
+    if (!this.values || !["ArrowLeft", "ArrowRight"].includes(event.key)) return;
+    event.preventDefault();
+    const current = Number(this.vectorCanvas.dataset.unit ?? -1);
+    this.showUnit(current + (event.key === "ArrowRight" ? 1 : -1));
+  }
+
+  showUnit(index) {
+    const i = Math.max(0, Math.min(this.values.length - 1, index));
+    this.vectorCanvas.dataset.unit = String(i);
+    this.vectorUnit.textContent = `unit ${i}: ${formatNumber(this.values[i])}`;
   }
 
   renderStats(activations) {
