@@ -5,6 +5,7 @@
     hookserve predict lenet digit.png             # a table for a person; --json for scripts
     hookserve attention vit_digits digit.png      # where each head of a vision transformer looks
     hookserve features lenet digits/ -l fc1 -o features/
+    hookserve jobs start unit_stats lenet digits -l conv1 --wait   # a data-set job on the server (admin token)
 
 `hookserve` alone prints this help; `hookserve` with only server flags (`--config ...`) serves, as it always has.
 """
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from service import __version__
-from service.cli import attention, check, features, gradients, interventions, remote
+from service.cli import attention, check, features, gradients, interventions, jobs, remote
 from service.cli.errors import (
     EXIT_CODES,
     EXIT_INTERRUPTED,
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     interventions.add_parsers(commands)
     attention.add_parser(commands)
     features.add_parser(commands)
+    jobs.add_parser(commands)
     return parser
 
 
