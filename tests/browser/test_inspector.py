@@ -179,7 +179,19 @@ def test_the_url_restores_the_same_view_after_a_reload(watch: Watch) -> None:
     target = page.eval_on_selector("#target", "s => s.value")
     choose_method(page, "b", "smoothgrad")
     wait_pane(page, "b", "smoothgrad")
+    page.fill("#b-samples", "8")  # a method setting, the overlay, top-k and the enlarged channel are kept too
+    page.dispatch_event("#b-samples", "change")
+    page.click("#pane-b button.run")
+    page.wait_for_selector('#pane-b[data-state="running"]', state="detached")
+    wait_pane(page, "b", "smoothgrad")
     wait_pane(page, "a", "gradient")
+    page.fill("#opacity", "30")
+    page.dispatch_event("#opacity", "change")
+    page.fill("#topk", "3")
+    page.click("#topk-form button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('#topk-table tbody tr').length === 3")
+    page.fill("#channel", "5")
+    page.dispatch_event("#channel", "change")
     before = {
         "url": page.url,
         "heat_a": heat_pixels(page, "a"),
@@ -192,6 +204,10 @@ def test_the_url_restores_the_same_view_after_a_reload(watch: Watch) -> None:
         "layer": "conv2",
         "target": target,
         "method2": "smoothgrad",
+        "b.samples": "8",
+        "opacity": "30",
+        "topk": "3",
+        "channel": "5",
     }
     page.reload()
     wait_layer(page)
@@ -207,7 +223,27 @@ def test_the_url_restores_the_same_view_after_a_reload(watch: Watch) -> None:
     assert page.get_attribute("#pane-a", "data-target") == target
     assert heat_pixels(page, "a") == before["heat_a"]
     assert heat_pixels(page, "b") == before["heat_b"]  # smoothgrad is seeded: the same map again
+    assert page.input_value("#b-samples") == "8"
+    assert page.input_value("#opacity") == "30"
+    assert page.locator("#topk-table tbody tr").count() == 3
+    assert page.inner_text("#channel-caption") == "channel 5"
+    choose_method(page, "b", "gradcam")  # another method: the old one's settings leave the URL
+    assert "b.samples" not in query(page)
     watch.screenshot("lenet-restored-after-reload")
+
+
+def test_a_link_naming_what_is_not_here_says_so(watch: Watch) -> None:
+    """An unknown model or layer in a shared link, or a link made with an uploaded image: each said next to its
+    control instead of a silently different view."""
+    page = watch.page
+    open_inspector(page, "model=lenet9&layer=conv1")
+    page.wait_for_selector("#model-error:not([hidden])")
+    assert "this link's model 'lenet9' is not served here" in page.inner_text("#model-error")
+    open_inspector(page, "model=lenet&layer=conv9&input=upload")
+    page.wait_for_selector("#layer-error:not([hidden])")
+    assert "this link's layer 'conv9' is not a layer of lenet" in page.inner_text("#layer-error")
+    page.wait_for_selector("#input-error:not([hidden])")
+    assert "made with an uploaded image" in page.inner_text("#input-error")
 
 
 def test_an_uploaded_image_survives_a_reload_of_the_tab(watch: Watch, tmp_path: Path) -> None:

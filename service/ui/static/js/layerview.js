@@ -3,6 +3,7 @@
 
 import { Slot, isAbort, postJSON } from "./api.js";
 import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
+import { readState, writeState } from "./state.js";
 
 const SEPARATOR = 2; // px between tiles in the API's grid (service/codecs/pictures.py)
 const ENLARGED = 192; // px, the longer side of an enlarged channel
@@ -56,6 +57,8 @@ export class LayerView {
     this.vectorCanvas.addEventListener("keydown", (event) => this.stepBar(event));
     this.tiles = 0;
     this.gridUrl = null;
+    const { channel } = readState(); // a shared link's enlarged channel
+    if (channel !== undefined && /^\d+$/.test(channel)) this.channelInput.value = channel;
     this.grid.addEventListener("click", (event) => this.clickGrid(event));
     this.channelInput.addEventListener("change", () => this.enlarge(Number(this.channelInput.value)));
     this.channelsInput.addEventListener("change", () => this.refresh());
@@ -263,5 +266,6 @@ export class LayerView {
     canvas.setAttribute("aria-label", `Channel ${index} of ${key}, enlarged`);
     this.channelCaption.textContent = `channel ${index}`;
     this.enlarged.hidden = false;
+    writeState({ channel: index || null });
   }
 }

@@ -88,6 +88,9 @@ class Inspector {
     if (this.state.target) this.pendingTarget = this.state.target;
     if (this.state.filter) $("#filter").value = this.state.filter;
     await this.selectModel(chosen, true);
+    if (this.state.model && !wanted) {
+      showError($("#model-error"), `this link's model '${this.state.model}' is not served here; showing ${chosen} (GET /models lists them)`);
+    }
   }
 
   bind() {
@@ -109,8 +112,10 @@ class Inspector {
       if (file) this.useFile(file);
     });
     for (const type of ["dragover", "drop"]) window.addEventListener(type, (event) => event.preventDefault());
+    if (this.state.topk) $("#topk").value = this.state.topk;
     $("#topk-form").addEventListener("submit", (event) => {
       event.preventDefault();
+      writeState({ topk: $("#topk").value === "5" ? null : $("#topk").value });
       this.predict();
     });
     $("#filter-form").addEventListener("submit", (event) => {
@@ -129,7 +134,9 @@ class Inspector {
     });
     const opacity = $("#opacity");
     const setOpacity = () => $("#saliency-panel").style.setProperty("--heat-opacity", String(opacity.value / 100));
+    if (this.state.opacity) opacity.value = this.state.opacity;
     opacity.addEventListener("input", setOpacity);
+    opacity.addEventListener("change", () => writeState({ opacity: opacity.value }));
     setOpacity();
   }
 
@@ -170,12 +177,18 @@ class Inspector {
       else if (!this.input) {
         const upload = await restoreUpload().catch(() => null);
         if (upload) this.setInput(upload, false);
+        else if (this.state.input === "upload") {
+          showError($("#input-error"), "this link was made with an uploaded image, which stays in the browser that chose it: choose the image again or drop it here");
+        }
       }
     }
     const filter = $("#filter").value.trim();
     if (filter) this.applyFilter(filter);
     if (layerName !== null && layerName !== undefined && this.tree.has(layerName)) this.tree.select(layerName);
-    else this.clearLayer();
+    else {
+      this.clearLayer();
+      if (restoring && urlLayer) showError($("#layer-error"), `this link's layer '${urlLayer}' is not a layer of ${name}; pick one in the tree`);
+    }
     this.runAll();
   }
 
@@ -307,7 +320,7 @@ class Inspector {
     clearError($("#input-error"));
     try {
       const input = await fromFile(file);
-      writeState({ sample: null });
+      writeState({ sample: null, input: "upload" });
       this.setInput(input, true);
     } catch (error) {
       showError($("#input-error"), error);
@@ -321,7 +334,7 @@ class Inspector {
     try {
       const input = await fromUrl(`${name}.png`, sample.url, `sample:${name}`);
       forgetUpload();
-      writeState({ sample: name });
+      writeState({ sample: name, input: null });
       this.setInput(input, run);
     } catch (error) {
       showError($("#input-error"), error);

@@ -6,6 +6,7 @@ import { paintHeatmap } from "./colormap.js";
 import { Busy, clearError, el, formatNumber, showError, spinner } from "./dom.js";
 import { drawModelView } from "./image.js";
 import { parseSafetensors } from "./safetensors.js";
+import { clearPaneParams, paneParams, writeState } from "./state.js";
 
 const SMALL_INPUT = 96; // px: smaller inputs (a 32×32 digit) are shown with sharp pixels
 
@@ -65,6 +66,16 @@ export function describeCost(cost) {
   return `${work}${backwards} · ${seconds}${refused}`;
 }
 
+/** A control's value as the URL keeps it ("" removes it: the server's default). */
+function controlText(field, input) {
+  return field.kind === "boolean" ? String(input.checked) : input.value.trim();
+}
+
+function setControl(field, input, text) {
+  if (field.kind === "boolean") input.checked = text === "true";
+  else input.value = text;
+}
+
 export class SaliencyPane {
   /** `app` gives `current()` → {model, input, preprocess, target}, and `targetError` for target details. */
   constructor(root, id, heading, app, onMethod) {
@@ -101,7 +112,10 @@ export class SaliencyPane {
       el("div", { class: "run-row" }, this.estimate, this.cancelButton, this.runButton),
     );
     this.form.addEventListener("change", (event) => {
-      if (event.target !== this.methodSelect) this.estimateCost();
+      if (event.target === this.methodSelect) return;
+      const changed = this.fields.find((f) => f.input === event.target);
+      if (changed) writeState({ [`${this.id}.${changed.field.name}`]: controlText(changed.field, changed.input) });
+      this.estimateCost();
     });
     this.base = el("canvas", { class: "base", "aria-hidden": "true" });
     this.heat = el("canvas", { class: "heat", "aria-hidden": "true" });
@@ -125,6 +139,7 @@ export class SaliencyPane {
   setMethod(name) {
     const method = this.methods.find((m) => m.name === name) || this.methods[0];
     if (!method) return;
+    if (this.method !== null && this.method !== method.name) clearPaneParams(this.id); // another method's settings
     this.method = method.name;
     this.methodSelect.value = method.name;
     this.root.dataset.method = method.name;
@@ -147,6 +162,10 @@ export class SaliencyPane {
       return { field, input, error, box };
     });
     this.paramsBox.replaceChildren(...this.fields.map((f) => f.box));
+    const saved = paneParams(this.id); // a shared link's settings for this method
+    for (const f of this.fields) {
+      if (f.field.name in saved) setControl(f.field, f.input, saved[f.field.name]);
+    }
     this.linkModes(method.name);
   }
 
