@@ -465,6 +465,54 @@ def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, ser
     watch.screenshot("lenet-model-card")
 
 
+def test_the_state_dict_sorts_filters_and_draws_a_histogram(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet")
+    page.wait_for_selector("#state-box table tbody tr")
+    state = httpx.get(f"{server.base_url}/models/lenet/state-dict?stats=true", timeout=30).json()["entries"]
+    page.click('#state-box th[data-sort="norm"] button')
+    page.click('#state-box th[data-sort="norm"] button')  # twice: largest first
+    keys = page.eval_on_selector_all("#state-box tbody tr", "rows => rows.map(r => r.dataset.key)")
+    assert keys == [e["key"] for e in sorted(state, key=lambda e: -e["norm"])]
+    assert page.get_attribute('#state-box th[data-sort="norm"]', "aria-sort") == "descending"
+    page.fill("#state-filter", "conv*.weight")
+    keys = page.eval_on_selector_all("#state-box tbody tr", "rows => rows.map(r => r.dataset.key)")
+    assert sorted(keys) == ["conv1.weight", "conv2.weight"]
+    assert page.inner_text("#state-count") == f"2 of {len(state)} tensors"
+    page.click('#state-box tr[data-key="conv1.weight"] button.hist')
+    page.wait_for_selector('#state-histogram[data-key="conv1.weight"]:not([hidden])')
+    drawn = [int(c) for c in (page.get_attribute("#state-histogram-canvas", "data-counts") or "").split(",")]
+    raw = httpx.get(f"{server.base_url}/models/lenet/state-dict?key=conv1.weight&format=npy", timeout=30).content
+    values = np.load(io.BytesIO(raw)).astype(np.float64).ravel()
+    lo, hi = values.min(), values.max()
+    bins = np.minimum(len(drawn) - 1, np.floor((values - lo) / (hi - lo) * len(drawn)).astype(int))
+    assert drawn == np.bincount(bins, minlength=len(drawn)).tolist()
+    assert "red line: zero" in page.inner_text("#state-histogram-caption")
+    watch.screenshot("lenet-state-dict-histogram", element=page.locator("#card-panel"))
+
+
+def test_a_layers_output_has_a_histogram_of_the_apis_values(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet&sample=digit_6&layer=conv1")
+    wait_layer(page)
+    page.click("#act-histogram-button")
+    page.wait_for_selector('#act-histogram[data-key="conv1"]:not([hidden])')
+    drawn = [int(c) for c in (page.get_attribute("#act-histogram-canvas", "data-counts") or "").split(",")]
+    sample = (Path(__file__).resolve().parents[2] / "service/zoo/samples/digit_6.png").read_bytes()
+    files = {"image": ("digit_6.png", sample, "image/png")}
+    answer = httpx.post(
+        f"{server.base_url}/activations", data={"model": "lenet", "layers": "conv1"}, files=files, timeout=60
+    )
+    values = np.asarray(answer.json()["activations"]["conv1"]["output"]["data"], dtype=np.float32)
+    values64 = values.astype(np.float64).ravel()
+    lo, hi = values64.min(), values64.max()
+    bins = np.minimum(len(drawn) - 1, np.floor((values64 - lo) / (hi - lo) * len(drawn)).astype(int))
+    assert drawn == np.bincount(bins, minlength=len(drawn)).tolist()
+    assert sum(drawn) == 6 * 28 * 28
+    assert "4,704 values" in page.inner_text("#act-histogram-caption")
+    watch.screenshot("lenet-conv1-histogram", element=page.locator("#layer-view"))
+
+
 def test_the_page_is_keyboard_reachable_and_labelled(watch: Watch) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

@@ -46,6 +46,11 @@ export function getJSON(path, signal) {
   return send(path, { signal }, "json");
 }
 
+/** GET a binary answer (a .safetensors file) as an ArrayBuffer. */
+export function getBuffer(path, signal) {
+  return send(path, { signal }, "arrayBuffer");
+}
+
 /** POST a JSON body; `as` is "json", "blob" (PNG answers) or "arrayBuffer" (safetensors answers). */
 export function postJSON(path, body, signal, as = "json") {
   const init = { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal };

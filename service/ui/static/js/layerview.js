@@ -3,6 +3,8 @@
 
 import { Slot, isAbort, postJSON } from "./api.js";
 import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
+import { describeHistogram, drawHistogram } from "./histogram.js";
+import { parseSafetensors } from "./safetensors.js";
 import { readState, writeState } from "./state.js";
 
 const SEPARATOR = 2; // px between tiles in the API's grid (service/codecs/pictures.py)
@@ -55,6 +57,11 @@ export class LayerView {
     this.values = null;
     this.vectorCanvas.addEventListener("click", (event) => this.clickBar(event));
     this.vectorCanvas.addEventListener("keydown", (event) => this.stepBar(event));
+    this.histogramButton = panel.querySelector("#act-histogram-button");
+    this.histogramFigure = panel.querySelector("#act-histogram");
+    this.histogramButton.addEventListener("click", () => this.showHistogram());
+    this.captured = null; // {model, inputs, layer, key} of the view, for its histogram
+    this.histogramSlot = new Slot();
     this.tiles = 0;
     this.gridUrl = null;
     const { channel } = readState(); // a shared link's enlarged channel
@@ -87,6 +94,9 @@ export class LayerView {
     this.enlarged.hidden = true;
     this.vectorFigure.hidden = true;
     this.values = null;
+    this.histogramButton.hidden = true;
+    this.histogramFigure.hidden = true;
+    this.captured = null;
     this.panel.querySelector("#layer-controls").hidden = true;
     if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
     this.gridUrl = null;
@@ -114,6 +124,9 @@ export class LayerView {
         const keys = Object.keys(stats.activations);
         this.renderStats(stats.activations);
         const key = keys.includes(layer.name) ? layer.name : keys.find((k) => stats.activations[k].output) || keys[0];
+        this.captured = { model, inputs, layer: layer.name, key };
+        this.histogramFigure.hidden = true;
+        this.histogramButton.hidden = false;
         const outShape = stats.activations[key] && stats.activations[key].output && stats.activations[key].output.shape;
         if (isVectorShape(outShape)) {
           const answer = await postJSON("activations", { model, inputs, layers: [layer.name] }, signal);
@@ -142,6 +155,28 @@ export class LayerView {
       if (isAbort(error)) return;
       this.reset();
       showError(this.error, error);
+    }
+  }
+
+  /** Every value of the layer's output (the API's safetensors answer) as a histogram under its statistics. */
+  async showHistogram() {
+    const captured = this.captured;
+    if (!captured) return;
+    const { model, inputs, layer, key } = captured;
+    const signal = this.histogramSlot.next();
+    try {
+      const body = { model, inputs, layers: [layer], format: "safetensors" };
+      const buffer = await this.busy.run(() => postJSON("activations", body, signal, "arrayBuffer"));
+      const tensor = parseSafetensors(buffer).tensors[`${key}:output`];
+      if (!tensor) throw new Error(`the answer has no ${key}:output`);
+      const canvas = this.panel.querySelector("#act-histogram-canvas");
+      const found = drawHistogram(canvas, tensor.data, Math.max(240, Math.min(560, this.panel.clientWidth - 24)));
+      this.panel.querySelector("#act-histogram-caption").textContent =
+        `${key} output ${formatShape(tensor.shape)}: ${describeHistogram(found, tensor.data.length)}`;
+      this.histogramFigure.dataset.key = key;
+      this.histogramFigure.hidden = false;
+    } catch (error) {
+      if (!isAbort(error)) showError(this.error, error);
     }
   }
 
