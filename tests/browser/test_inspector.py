@@ -513,6 +513,30 @@ def test_a_layers_output_has_a_histogram_of_the_apis_values(watch: Watch, server
     watch.screenshot("lenet-conv1-histogram", element=page.locator("#layer-view"))
 
 
+def test_the_graph_view_draws_the_apis_nodes_with_their_skip_connections(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=resnet18")
+    page.click("#graph-details > summary")
+    page.wait_for_selector("#graph-box[data-nodes]")
+    nodes = httpx.get(f"{server.base_url}/models/resnet18/nodes", timeout=60).json()["nodes"]
+    shown = page.eval_on_selector_all("#graph-box .graph-row", "rows => rows.map(r => r.dataset.node)")
+    assert shown == [n["name"] for n in nodes]
+    names = {n["name"] for n in nodes}
+    edges = sum(1 for n in nodes for i in n["inputs"] if i in names)
+    assert page.locator("#graph-box path.edge").count() == edges
+    adds = [n["name"] for n in nodes if sum(i in names for i in n["inputs"]) > 1]
+    assert len(adds) == 8  # resnet18's residual adds, two per stage
+    merges = page.eval_on_selector_all("#graph-box .graph-row.merge", "rows => rows.map(r => r.dataset.node)")
+    assert merges == adds
+    skips = page.eval_on_selector_all("#graph-box path.edge.skip", "ps => ps.map(p => p.dataset.to)")
+    assert set(adds) <= set(skips)  # every add takes an arc from before the block it closes
+    page.click('#graph-box .graph-row[data-node="layer1.0.conv1"] button')
+    page.wait_for_selector('#tree-body .tree-row[data-layer="layer1.0.conv1"] .pick[aria-pressed="true"]')
+    assert page.inner_text("#layer-title") == "layer1.0.conv1"
+    assert "8 take several inputs" in page.inner_text("#graph-status")
+    watch.screenshot("resnet18-graph", element=page.locator("#graph-details"))
+
+
 def test_the_page_is_keyboard_reachable_and_labelled(watch: Watch) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

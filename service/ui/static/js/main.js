@@ -4,6 +4,7 @@
 import { ApiError, Slot, getJSON, isAbort, postJSON } from "./api.js";
 import { AttentionPanel } from "./attention.js";
 import { renderOptimizer, renderStateDict, renderSummary } from "./card.js";
+import { renderGraph } from "./graph.js";
 import { Busy, clearError, el, formatNumber, formatShape, showError } from "./dom.js";
 import { bytesToBase64, drawModelView, forgetUpload, fromFile, fromUrl, restoreUpload } from "./image.js";
 import { InterventionsPanel } from "./interventions.js";
@@ -33,6 +34,8 @@ class Inspector {
     this.predictSlot = new Slot();
     this.filterSlot = new Slot();
     this.cardSlot = new Slot();
+    this.graphSlot = new Slot();
+    this.graphLoaded = null; // the model whose graph is drawn
     this.busy = {
       info: new Busy($("#info-panel")),
       predict: new Busy($("#predict-panel")),
@@ -93,7 +96,35 @@ class Inspector {
     }
   }
 
+  /** The model's graph, fetched when its section is first opened for this model. */
+  async loadGraph() {
+    const name = this.model;
+    if (!name || this.graphLoaded === name) return;
+    this.graphLoaded = name;
+    clearError($("#graph-error"));
+    $("#graph-status").textContent = "Tracing the model…";
+    try {
+      const answer = await getJSON(`models/${encodeURIComponent(name)}/nodes`, this.graphSlot.next());
+      if (this.model !== name) return;
+      renderGraph($("#graph-box"), answer.nodes, (layer) => {
+        if (this.tree.has(layer)) this.selectLayer(layer);
+      });
+      const merges = $("#graph-box").querySelectorAll(".graph-row.merge").length;
+      $("#graph-status").textContent = `${answer.nodes.length} nodes at input ${formatShape(answer.input_size)}; `
+        + `${merges} take several inputs (residual adds, concatenations). Click a module's row to show that layer.`;
+    } catch (error) {
+      if (isAbort(error)) return;
+      this.graphLoaded = null;
+      $("#graph-status").textContent = "";
+      $("#graph-box").replaceChildren();
+      showError($("#graph-error"), error);
+    }
+  }
+
   bind() {
+    $("#graph-details").addEventListener("toggle", () => {
+      if ($("#graph-details").open) this.loadGraph();
+    });
     $("#model").addEventListener("change", () => this.selectModel($("#model").value, false));
     $("#file").addEventListener("change", () => {
       const file = $("#file").files[0];
@@ -270,6 +301,10 @@ class Inspector {
       return;
     }
     this.tree.setLayers(layers.layers, null);
+    this.graphLoaded = null;
+    $("#graph-box").replaceChildren();
+    $("#graph-status").textContent = "";
+    if ($("#graph-details").open) this.loadGraph();
     const depth = Math.min(MAX_SUMMARY_DEPTH, Math.max(1, ...layers.layers.map((l) => l.depth)));
     this.loadCard(name, info, depth);
   }
