@@ -442,6 +442,29 @@ def test_a_vector_shaped_layer_is_drawn_as_bars_on_one_scale(
     watch.screenshot(f"{model}-{layer}-bars", element=page.locator("#layer-view"))
 
 
+def test_a_sweep_ranks_the_channels_and_switches_one_off(watch: Watch, server: LiveServer) -> None:
+    page = watch.page
+    open_inspector(page, "model=lenet&sample=digit_7&layer=conv2")
+    wait_layer(page)
+    wait_prediction(page)
+    page.click("#sweep-run")
+    page.wait_for_selector("#sweep-table:not([hidden])")
+    shown = page.eval_on_selector_all("#sweep-table tbody tr", "rows => rows.map(r => +r.dataset.channel)")
+    sample = (Path(__file__).resolve().parents[2] / "service/zoo/samples/digit_7.png").read_bytes()
+    files = {"image": ("digit_7.png", sample, "image/png")}
+    answer = httpx.post(
+        f"{server.base_url}/interventions/sweep", data={"model": "lenet", "site": "conv2"}, files=files, timeout=60
+    ).json()
+    assert shown == [c["channel"] for c in answer["channels"]]
+    assert len(shown) == 16
+    first = shown[0]
+    assert f"the most needed: channel {first}" in page.inner_text("#sweep-status")
+    page.click("#sweep-table tbody tr:first-child button.sweep-off")
+    off = page.eval_on_selector_all("#edit-channels input", "boxes => boxes.filter(b => !b.checked).map(b => +b.value)")
+    assert off == [first]
+    watch.screenshot("lenet-conv2-sweep", element=page.locator("#interventions-panel"))
+
+
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

@@ -2,7 +2,7 @@
 // layer off (op "zero") and compare the clean and the edited top-k side by side.
 
 import { Slot, isAbort, postJSON } from "./api.js";
-import { clearError, el, showError } from "./dom.js";
+import { clearError, el, formatNumber, showError } from "./dom.js";
 import { renderTopK } from "./topk.js";
 
 /** Channel numbers from "0-15, 300": ranges inclusive; throws on anything else or past `count`. */
@@ -64,6 +64,11 @@ export class InterventionsPanel {
     });
     panel.querySelector("#edit-all-on").addEventListener("click", () => this.setAll(true));
     panel.querySelector("#edit-all-off").addEventListener("click", () => this.setAll(false));
+    this.sweepSlot = new Slot();
+    this.sweepTable = panel.querySelector("#sweep-table");
+    this.sweepStatus = panel.querySelector("#sweep-status");
+    this.sweepError = panel.querySelector("#sweep-error");
+    panel.querySelector("#sweep-run").addEventListener("click", () => this.sweep());
     this.offText = panel.querySelector("#edit-off");
     panel.querySelector("#edit-off-apply").addEventListener("click", () => this.switchOff());
     this.offText.addEventListener("keydown", (event) => {
@@ -81,6 +86,10 @@ export class InterventionsPanel {
     this.site.textContent = name === null ? "Pick a layer in the tree." : `${name || "(model)"} · ${channels} channels`;
     const count = channels || 0; // every channel, however wide the layer (the box scrolls)
     this.count = count;
+    this.sweepSlot.cancel();
+    this.sweepTable.hidden = true;
+    this.sweepStatus.textContent = "";
+    clearError(this.sweepError);
     this.toggles.replaceChildren(
       ...Array.from({ length: count }, (_, i) =>
         el("label", { class: "channel-toggle" }, el("input", { type: "checkbox", checked: true, value: String(i) }), ` ${i}`),
@@ -90,6 +99,72 @@ export class InterventionsPanel {
 
   setAll(on) {
     for (const box of this.toggles.querySelectorAll("input")) box.checked = on;
+  }
+
+  /**
+   * Ablate each channel of the layer in turn (POST /interventions/sweep) and list them by how much the target's
+   * logit changed, the most needed first; "switch off" unticks one for the edit.
+   */
+  async sweep() {
+    clearError(this.sweepError);
+    const { model, input, target } = this.app.current();
+    if (!input || this.layer === null || this.layer === undefined) {
+      showError(this.sweepError, "give an image and pick a layer first");
+      return;
+    }
+    const body = { model, inputs: [{ image: input.b64 }], site: this.layer };
+    if (target !== null) body.target = target;
+    const signal = this.sweepSlot.next();
+    const layer = this.layer;
+    this.sweepStatus.textContent = `ablating the ${this.count} channels of ${layer || "(model)"} one at a time…`;
+    try {
+      const answer = await this.busy.run(() => postJSON("interventions/sweep", body, signal));
+      this.renderSweep(answer, layer);
+    } catch (error) {
+      if (isAbort(error)) return;
+      this.sweepStatus.textContent = "";
+      showError(this.sweepError, error);
+    }
+  }
+
+  renderSweep(answer, layer) {
+    const effects = answer.channels;
+    const widest = Math.max(1e-12, ...effects.map((e) => Math.abs(e.delta)));
+    const rows = effects.map((e, rank) => {
+      const off = el("button", { type: "button", class: "sweep-off", text: "switch off", "aria-label": `Switch channel ${e.channel} off` });
+      off.addEventListener("click", () => {
+        const box = this.toggles.querySelectorAll("input")[e.channel];
+        if (box) box.checked = false;
+      });
+      const share = (Math.abs(e.delta) / widest) * 100;
+      const bar = el("span", { class: `effect ${e.delta < 0 ? "down" : "up"}`, style: `width: ${share.toFixed(1)}%` });
+      return el(
+        "tr",
+        { "data-channel": e.channel, "data-delta": e.delta },
+        el("td", { class: "num", text: String(rank + 1) }),
+        el("th", { scope: "row", text: `channel ${e.channel}` }),
+        el("td", { class: "num", text: formatNumber(e.delta, 3) }),
+        el("td", { class: "effect-cell" }, bar),
+        el("td", {}, off),
+      );
+    });
+    const head = el(
+      "tr",
+      {},
+      ["rank", "channel", "Δ logit", "effect", ""].map((h) => el("th", { scope: "col", text: h })),
+    );
+    this.sweepTable.replaceChildren(
+      el("caption", { class: "sr-only", text: `Channels of ${layer} by their effect on the target's logit` }),
+      el("thead", {}, head),
+      el("tbody", {}, rows),
+    );
+    this.sweepTable.hidden = false;
+    const first = effects[0];
+    const target = answer.targets && answer.targets.length ? ` ${answer.targets[0]}` : "";
+    this.sweepStatus.textContent = first
+      ? `${effects.length} channels of ${layer || "(model)"} zeroed one at a time, ranked by the change of class${target}'s `
+        + `logit; the most needed: channel ${first.channel} (Δ ${formatNumber(first.delta, 3)})`
+      : "no channels to sweep";
   }
 
   /** Untick the channels typed in the "switch off" field (ranges such as 0-15, 300). */
