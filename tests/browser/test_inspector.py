@@ -465,6 +465,34 @@ def test_a_sweep_ranks_the_channels_and_switches_one_off(watch: Watch, server: L
     watch.screenshot("lenet-conv2-sweep", element=page.locator("#interventions-panel"))
 
 
+def test_a_module_called_several_times_has_a_call_picker(watch: Watch) -> None:
+    """lenet's relu runs 4 times: the maps, the interventions' channels and the edit all refer to the picked call
+    (the panel offered the last call's 84 channels while the maps showed the first's 6; unticking 50 was a 422)."""
+    page = watch.page
+    open_inspector(page, "model=lenet&sample=digit_4&layer=relu")
+    wait_layer(page)
+    wait_prediction(page)
+    assert page.is_visible("#call-picker")
+    assert page.locator("#layer-call option").count() == 4
+    assert page.input_value("#layer-call") == "1"
+    page.wait_for_function("() => document.querySelectorAll('#edit-channels input').length === 6")
+    assert "[1, 6, 28, 28]" in page.inner_text("#layer-meta")
+    page.select_option("#layer-call", "4")
+    page.wait_for_selector("#vector-figure:not([hidden])")  # relu's 4th call gives [1, 84]
+    page.wait_for_function("() => document.querySelectorAll('#edit-channels input').length === 84")
+    assert "call 4" in page.inner_text("#edit-site")
+    assert query(page)["call"] == "4"
+    page.fill("#edit-off", "50")
+    page.click("#edit-off-apply")
+    page.click("#edit-form button[type=submit]")
+    page.wait_for_selector("#edit-edited:not([hidden])")
+    assert page.is_hidden("#edit-error")
+    page.reload()  # the call is part of the link
+    wait_layer(page)
+    assert page.input_value("#layer-call") == "4"
+    watch.screenshot("lenet-relu-call-4", element=page.locator("#layer-view"))
+
+
 def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")

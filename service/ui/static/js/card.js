@@ -171,7 +171,7 @@ export function renderStateDict(box, model, data) {
   apply();
   box.replaceChildren(
     verdict,
-    el("div", { class: "inline-form state-tools" }, filter, count),
+    el("div", { class: "inline-form state-tools" }, el("label", { for: "state-filter", text: "Filter keys" }), filter, count),
     el("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "State dict table" }, table),
     figure,
   );

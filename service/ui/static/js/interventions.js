@@ -81,9 +81,13 @@ export class InterventionsPanel {
   }
 
   /** The selected layer and how many channels its output has (from the layer view's statistics). */
-  setLayer(name, channels) {
+  /** The selected layer, its call (a module run several times has one output per call) and its channels. */
+  setLayer(name, channels, call = 1) {
+    if (name === this.layer && call === this.call && (channels || 0) === this.count) return; // boxes as they were
     this.layer = name;
-    this.site.textContent = name === null ? "Pick a layer in the tree." : `${name || "(model)"} · ${channels} channels`;
+    this.call = call;
+    const which = call > 1 ? ` · call ${call}` : "";
+    this.site.textContent = name === null ? "Pick a layer in the tree." : `${name || "(model)"}${which} · ${channels} channels`;
     const count = channels || 0; // every channel, however wide the layer (the box scrolls)
     this.count = count;
     this.sweepSlot.cancel();
@@ -113,6 +117,7 @@ export class InterventionsPanel {
       return;
     }
     const body = { model, inputs: [{ image: input.b64 }], site: this.layer };
+    if (this.call > 1) body.call = this.call;
     if (target !== null) body.target = target;
     const signal = this.sweepSlot.next();
     const layer = this.layer;
@@ -194,6 +199,7 @@ export class InterventionsPanel {
       return;
     }
     const edit = { [this.shape.siteKey]: this.layer, op: "zero" };
+    if (this.call > 1) edit.call = this.call;
     setPath(edit, this.shape.channelsPath, off);
     const body = { model, inputs: [{ image: input.b64 }], [this.shape.editsKey]: [edit] };
     const signal = this.slot.next();

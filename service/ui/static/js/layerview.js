@@ -32,10 +32,26 @@ export function tileCount(shape) {
   return 1;
 }
 
+/** The capture keys of one module's calls in an /activations answer: `relu`, `relu#2`, ... in call order. */
+export function callKeys(keys, name) {
+  const calls = keys.filter((k) => k === name || k.startsWith(`${name}#`));
+  const number = (k) => (k === name ? 1 : Number(k.slice(name.length + 1)));
+  return calls.sort((a, b) => number(a) - number(b));
+}
+
 export class LayerView {
-  constructor(panel, busy) {
+  /** `onCall(name, call, shape)`: the call of the layer the view shows (1 unless the module runs several times). */
+  constructor(panel, busy, onCall = () => {}) {
     this.panel = panel;
     this.busy = busy;
+    this.onCall = onCall;
+    this.callPicker = panel.querySelector("#call-picker");
+    this.callSelect = panel.querySelector("#layer-call");
+    this.callSelect.addEventListener("change", () => {
+      writeState({ call: this.callSelect.value === "1" ? null : this.callSelect.value });
+      this.refresh();
+    });
+    this.wantedCall = readState().call || "1";
     this.slot = new Slot();
     this.title = panel.querySelector("#layer-title");
     this.meta = panel.querySelector("#layer-meta");
@@ -74,6 +90,11 @@ export class LayerView {
 
   /** Show `layer` (from the tree) for `input` on `model`; with no input only its description. */
   show(model, layer, shape, input) {
+    if (this.context && (this.context.layer.name !== layer.name || this.context.model !== model)) {
+      this.callSelect.replaceChildren(); // another layer: its first call, not the last one's number
+      this.wantedCall = "1";
+      writeState({ call: null });
+    }
     this.context = { model, layer, shape, input };
     this.refresh();
   }
@@ -89,6 +110,7 @@ export class LayerView {
   }
 
   reset() {
+    this.callPicker.hidden = true;
     this.statsTable.hidden = true;
     this.gridFigure.hidden = true;
     this.enlarged.hidden = true;
@@ -123,7 +145,8 @@ export class LayerView {
         const stats = await postJSON("activations", { model, inputs, layers: [layer.name], format: "stats" }, signal);
         const keys = Object.keys(stats.activations);
         this.renderStats(stats.activations);
-        const key = keys.includes(layer.name) ? layer.name : keys.find((k) => stats.activations[k].output) || keys[0];
+        const calls = callKeys(keys, layer.name);
+        const key = calls.length ? this.pickCall(calls, stats.activations) : keys.find((k) => stats.activations[k].output) || keys[0];
         this.captured = { model, inputs, layer: layer.name, key };
         this.histogramFigure.hidden = true;
         this.histogramButton.hidden = false;
@@ -156,6 +179,31 @@ export class LayerView {
       this.reset();
       showError(this.error, error);
     }
+  }
+
+  /**
+   * A module run several times (lenet's relu: 4 calls) has one capture per call: pick which one the maps, the
+   * statistics' highlight, the histogram and the interventions refer to.
+   */
+  pickCall(calls, activations) {
+    const number = (k) => (k.includes("#") ? k.split("#").pop() : "1");
+    const wanted = this.callSelect.value || this.wantedCall;
+    const key = calls.find((k) => number(k) === wanted) || calls[0];
+    this.callPicker.hidden = calls.length < 2;
+    this.callSelect.replaceChildren(
+      ...calls.map((k) => {
+        const shape = activations[k].output ? activations[k].output.shape : null;
+        return el("option", { value: number(k), text: `${number(k)} of ${calls.length}${shape ? ` · ${formatShape(shape)}` : ""}` });
+      }),
+    );
+    this.callSelect.value = number(key);
+    this.panel.querySelector("#call-note").textContent = calls.length > 1 ? `this module runs ${calls.length} times per forward` : "";
+    const shape = activations[key].output ? activations[key].output.shape : null;
+    const name = this.context.layer.name;
+    this.meta.textContent = `${this.context.layer.type} · ${formatNumber(this.context.layer.num_parameters)} parameters`
+      + `${shape ? ` · output ${formatShape(shape)}` : ""}${calls.length > 1 ? ` (call ${number(key)})` : ""}`;
+    this.onCall(name, Number(number(key)), shape);
+    return key;
   }
 
   /** Every value of the layer's output (the API's safetensors answer) as a histogram under its statistics. */

@@ -45,7 +45,9 @@ class Inspector {
     };
     this.targetError = $("#target-error");
     this.tree = new LayerTree($("#tree-body"), (name) => this.selectLayer(name));
-    this.layerView = new LayerView($("#layer-view"), this.busy.layer);
+    this.layerView = new LayerView($("#layer-view"), this.busy.layer, (name, call, shape) => {
+      if (this.interventions && name === this.tree.selected) this.interventions.setLayer(name, tileCount(shape), call);
+    });
     const app = { current: () => this.current(), targetError: this.targetError };
     this.panes = [
       new SaliencyPane($("#pane-a"), "a", "Left", app, (m) => writeState({ method: m })),

@@ -3,7 +3,7 @@
 
 const KEYS = [
   "model", "sample", "input", "layer", "filter", "method", "method2", "target", "block", "head", "query",
-  "opacity", "topk", "channel",
+  "opacity", "topk", "channel", "call",
 ];
 const PANE_PARAM = /^[ab]\.[A-Za-z_][A-Za-z0-9_]*$/; // a saliency pane's method parameter: `a.steps`, `b.window`
 
