@@ -249,6 +249,59 @@ def test_a_sweep_equals_ablating_one_channel_at_a_time(lenet_client: TestClient,
     assert hooks(lenet_client, "lenet") == 0
 
 
+def test_a_sweep_over_several_inputs_ablates_the_channel_in_every_input(lenet_client: TestClient, lenet: LeNet) -> None:
+    """Each input's delta is its own target score with the channel zeroed in its own forward rows, for every input
+    of the request (the ablated copies of the inputs share one forward)."""
+    x = torch.stack([digit_pixels(5), digit_pixels(8)])
+    targets = [5, 8]
+    answer = post(
+        lenet_client,
+        "/interventions/sweep",
+        inputs=[tensor_input(t) for t in x],
+        site="conv2",
+        channels=[2, 6],
+        target=targets,
+    )
+    rows = torch.arange(2)
+    clean = edited_logits(lenet, x, {})[rows, targets]
+    assert answer["clean_scores"] == pytest.approx(clean.tolist(), rel=1e-5)
+    want = {c: (edited_logits(lenet, x, {"conv2": zeroed([c])})[rows, targets] - clean).tolist() for c in range(2, 6)}
+    assert any(abs(deltas[1]) > 1e-2 for deltas in want.values())  # the second input's score does move
+    got = {e["channel"]: e["deltas"] for e in answer["channels"]}
+    assert got.keys() == want.keys()
+    for channel, deltas in want.items():
+        assert got[channel] == pytest.approx(deltas, abs=1e-4), channel
+
+
+def test_patching_several_inputs_takes_each_inputs_own_donor_row(lenet_client: TestClient, lenet: LeNet) -> None:
+    """A source of one donor per input: input i gets donor i's values at the site, not the first donor's."""
+    base = torch.stack([digit_pixels(7), digit_pixels(1)])
+    donors = torch.stack([digit_pixels(3), digit_pixels(6)])
+    served: Any
+    served, sd = as_served(lenet, donors)
+    captured: list[Tensor] = []
+    handle = served.conv2.register_forward_hook(lambda m, a, out: captured.append(out.detach().clone()))
+    with torch.inference_mode():
+        served(sd)
+    handle.remove()
+    assert not torch.allclose(captured[0][0, 4:8], captured[0][1, 4:8])  # the donors differ where patched
+    answer = post(
+        lenet_client,
+        "/interventions",
+        inputs=[tensor_input(t) for t in base],
+        sources={"donors": [tensor_input(t) for t in donors]},
+        edits=[{"site": "conv2", "op": "patch", "source": "donors", "channels": [4, 5, 6, 7]}],
+        include_logits=True,
+    )
+
+    def patch(t: Tensor) -> Tensor:
+        t[:, 4:8] = captured[0][:, 4:8]
+        return t
+
+    want = edited_logits(lenet, base, {"conv2": patch})
+    torch.testing.assert_close(logits_of(answer, "edited"), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.numpy import save as safetensors_save
 
 from service.client import Client, Wire
+from service.client.tensors import read_safetensors
 from service.zoo.lenet import samples_dir, weights_path
 from tests.client.servers import TOKEN, slow_tensor
 from tests.reliability.live_server import LiveServer
@@ -103,6 +105,28 @@ def test_activations_equal_the_raw_answer(client: Client, raw: httpx.Client) -> 
     assert got.output("conv1").shape == (1, 6, 28, 28)
     with pytest.raises(KeyError, match="captured"):
         got.output("conv2")
+
+
+def test_binary_activations_keep_the_answers_layer_order_whatever_the_files_order(raw: httpx.Client) -> None:
+    """A safetensors answer re-encoded by the reference library (a cache or a proxy in between) lists its tensors
+    sorted by name; the client still gives the layers in the answer's order, the forward's."""
+    body = {"model": "lenet", "inputs": [{"image": b64(DIGIT_7)}], "layers": ["conv1", "relu", "fc3"]}
+    expected = list(post(raw, "/activations", **body)["activations"])  # conv1, relu, relu#2, ..., fc3
+    binary = raw.post("/activations", json={**body, "format": "safetensors"})
+    assert binary.status_code == 200, binary.text
+    tensors, metadata = read_safetensors(binary.content)
+    resaved = safetensors_save(tensors, metadata=metadata)
+    file_order = list(dict.fromkeys(key.rpartition(":")[0] for key in read_safetensors(resaved)[0]))
+    assert file_order != expected  # the file's order alone would not give the answer's
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=resaved, headers={"content-type": binary.headers["content-type"]})
+
+    http = httpx.Client(base_url="http://hookserve.test", transport=httpx.MockTransport(handler))
+    with http, Client("http://hookserve.test", http=http) as client:
+        got = client.activations("lenet", DIGIT_7, ["conv1", "relu", "fc3"])
+    assert list(got.tensors) == expected
+    assert list(got.flat()) == [f"{layer}:output" for layer in expected]
 
 
 def test_activation_stats_and_image_equal_the_raw_answers(client: Client, raw: httpx.Client) -> None:

@@ -21,7 +21,7 @@ from service.client.features import (
     list_images,
     read_features,
 )
-from service.client.features.store import DirectoryBusy, DirectoryLock, digest
+from service.client.features.store import DirectoryBusy, DirectoryLock, digest, write_atomic
 from tests.client.servers import HELD_OUT, held_out_digits
 from tests.reliability.live_server import LiveServer
 
@@ -218,6 +218,68 @@ def test_a_lost_shard_is_recomputed_alone(live: LiveServer, digits: list[tuple[P
     report = extract_features(live.base_url, sources, out, "lenet", ["fc3"], shard_size=10, concurrency=1)
     assert (report.shards_written, report.resumed, report.images) == (1, 30, 10)
     assert files_of(out) == before
+
+
+def test_a_truncated_shard_is_recomputed(live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path) -> None:
+    """A shard cut short (a disk that filled, a copy that stopped) is there but not whole: it is done again."""
+    sources = [p for p, _ in digits[:30]]
+    out = tmp_path / "out"
+    extract_features(live.base_url, sources, out, "lenet", ["fc3"], shard_size=10, concurrency=1)
+    before = files_of(out)
+    shard = out / "features-00001.safetensors"
+    shard.write_bytes(before[shard.name][:-40])
+    report = extract_features(live.base_url, sources, out, "lenet", ["fc3"], shard_size=10, concurrency=1)
+    assert (report.shards_written, report.resumed, report.images) == (1, 20, 10)
+    assert files_of(out) == before
+
+
+def test_a_lost_shard_is_planned_again_with_the_files_that_failed_in_it(
+    live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path
+) -> None:
+    """Recomputing a lost shard tries its failed files again too: they stay in the plan and in the report."""
+    source = tmp_path / "mixed"
+    source.mkdir()
+    for path, _ in digits[:12]:
+        os.link(path, source / path.name)
+    (source / "0003b-notes.txt").write_text("not an image")  # sorts into the first shard
+    out = tmp_path / "out"
+    first = extract_features(live.base_url, [source], out, "lenet", ["fc3"], shard_size=8, concurrency=1)
+    bad = (source / "0003b-notes.txt").as_posix()
+    assert (first.files, first.extracted, list(first.failed)) == (13, 12, [bad])
+    before = files_of(out)
+    (out / "features-00000.safetensors").unlink()
+    report = extract_features(live.base_url, [source], out, "lenet", ["fc3"], shard_size=8, concurrency=1)
+    assert (report.files, report.extracted, list(report.failed)) == (13, 12, [bad])
+    assert (report.shards_written, report.images) == (1, 8)  # the shard's 7 images and the failed file
+    assert bad in FeatureIndex.load(out).shards[0].failed
+    assert files_of(out) == before
+
+
+def test_a_run_stopped_while_writing_a_shard_leaves_an_index_of_whole_shards_only(
+    live: LiveServer, digits: list[tuple[Path, int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index that records a shard is written after the shard: stopped between the two, the index on disk names
+    only shards that are there, and the rerun ends with the files of an uninterrupted run."""
+    sources = [p for p, _ in digits[:30]]
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    extract_features(live.base_url, sources, whole, "lenet", ["fc3"], shard_size=10, concurrency=1)
+
+    def stopped_at_the_second_shard(path: Path, data: bytes) -> None:
+        if path.name == "features-00001.safetensors":
+            raise Interrupt
+        write_atomic(path, data)
+
+    monkeypatch.setattr("service.client.features.extract.write_atomic", stopped_at_the_second_shard)
+    with pytest.raises(Interrupt):
+        extract_features(live.base_url, sources, out, "lenet", ["fc3"], shard_size=10, concurrency=1)
+    index = FeatureIndex.load(out)
+    assert [s.file for s in index.shards if s.done] == ["features-00000.safetensors"]
+    names, _ = read_features(out)  # every shard the index records is there
+    assert names == [p.as_posix() for p in sources[:10]]
+    monkeypatch.undo()
+    report = extract_features(live.base_url, sources, out, "lenet", ["fc3"], shard_size=10, concurrency=1)
+    assert (report.resumed, report.shards_written) == (10, 2)
+    assert files_of(out) == files_of(whole)
 
 
 def test_another_request_in_the_same_directory_is_refused(

@@ -98,6 +98,16 @@ def test_admin_round_trip(make_client: ClientFactory, tmp_path: Path) -> None:
     assert client.get("/models/slow").json()["status"] == "ready"
 
 
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "beaRer"])
+def test_the_bearer_scheme_matches_whatever_its_case(make_client: ClientFactory, tmp_path: Path, scheme: str) -> None:
+    """HTTP auth schemes are case-insensitive (RFC 9110 11.1): `bearer <token>` is the admin as much as `Bearer`."""
+    client = make_client(write_slow(tmp_path), admin_token=ADMIN)
+    assert client.delete("/models/nope", headers={"Authorization": f"{scheme} wrong"}).status_code == 401
+    r = client.delete("/models/slow", headers={"Authorization": f"{scheme} {ADMIN}"})
+    assert r.status_code == 200, r.text
+    assert client.get("/models/slow").status_code == 404  # it did unload
+
+
 def test_token_is_compared_in_constant_time(
     make_client: ClientFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,6 +79,38 @@ def test_a_waiter_that_is_cancelled_leaves_the_line_to_those_behind_it() -> None
     assert asyncio.run(run()) == (6, True)
 
 
+def test_a_newcomer_that_would_fit_waits_behind_an_older_waiter() -> None:
+    """First come, first served: a large request waiting for memory is not overtaken by smaller ones that fit
+    beside what is held (else a stream of small requests would starve it)."""
+
+    async def run() -> tuple[list[str], list[str]]:
+        budget = MemoryBudget(total_bytes=10, per_request_bytes=10, max_waiting=4)
+        release_first = asyncio.Event()
+        entered: list[str] = []
+
+        async def hold(name: str, size: int, until: asyncio.Event) -> None:
+            async with budget.reserve(cost(size), "advice"):
+                entered.append(name)
+                await until.wait()
+
+        done = asyncio.Event()
+        done.set()
+        holder = asyncio.ensure_future(hold("holder", 6, release_first))
+        await settle()
+        large = asyncio.ensure_future(hold("large", 8, done))  # 6 + 8 > 10: waits
+        await settle()
+        small = asyncio.ensure_future(hold("small", 3, done))  # 6 + 3 fits, but the large one came first
+        await settle()
+        while_held = list(entered)
+        release_first.set()
+        await asyncio.gather(holder, large, small)
+        return while_held, entered
+
+    while_held, entered = asyncio.run(run())
+    assert while_held == ["holder"]
+    assert entered == ["holder", "large", "small"]
+
+
 @pytest.mark.parametrize(
     ("size", "text"),
     [(512, "512 bytes"), (4096, "4.0 KiB"), (3 * 1024**2 // 2, "1.5 MiB"), (5 * 1024**3 // 2, "2.50 GiB")],

@@ -341,3 +341,71 @@ def test_autograd_starts_where_the_first_gradient_is_asked_for(
             assert model.grad_at_conv2 == [graph_before_conv2]
 
     run(scenario())
+
+
+def leaning(seed: int, channel: int, value: float, n: int = 2) -> Tensor:
+    """Inputs pushed towards another class than plain noise gives (the toy's top-1 is mostly class 1)."""
+    x = 0.1 * inputs(seed, n=n)
+    x[:, channel] += value
+    return x
+
+
+def test_gradients_without_a_target_take_each_requests_own_top_1_in_a_shared_batch(tmp_path: Path) -> None:
+    """`target: null` is each row's own arg-max, for every request of a batch, not only the first one's."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            xs = [leaning(60, channel=1, value=-5.0), inputs(61, n=2)]
+            with torch.no_grad():
+                tops = [model.module(x).argmax(1).tolist() for x in xs]
+            assert tops[0] != tops[1]  # else taking one request's top-1 for the other could not show
+            model.clear()
+            bodies = [{"inputs": [tensor_input(t) for t in x], "layers": ["conv2"], "target": None} for x in xs]
+            responses = await post_all(app, client, "/gradients", bodies)
+            assert model.sizes == [4]  # one shared forward
+            for i, (response, x, top) in enumerate(zip(responses, xs, tops, strict=True)):
+                assert response.status_code == 200, response.text
+                out = response.json()
+                assert out["targets"] == top, i
+                want = compute_gradients(model.module, x, ["conv2"], target=None, labels=None, include_input=False)
+                assert_batched_close(as_tensor(out["gradients"]["conv2"]), want.gradients["conv2"], f"request {i}")
+
+    run(scenario())
+
+
+def test_interventions_of_concurrent_requests_each_read_their_own_clean_rows_and_donors(tmp_path: Path) -> None:
+    """A batch `mean` averages the request's own clean inputs and a `patch` takes each input's own donor row, when
+    the requests share forwards: each answer equals the same request sent alone."""
+
+    def logits(answer: dict[str, Any], key: str) -> Tensor:
+        return torch.tensor([p["logits"] for p in answer[key]])
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            mean = {"site": "conv1", "op": "mean", "over": "batch", "channels": [0, 1, 2, 3]}
+            patch = {"site": "conv2", "op": "patch", "source": "donor"}
+            bodies: list[dict[str, Any]] = [
+                {"inputs": [tensor_input(t) for t in leaning(70, channel=1, value=-5.0)], "edits": [mean]},
+                {"inputs": [tensor_input(t) for t in leaning(71, channel=0, value=5.0)], "edits": [mean]},
+                {
+                    "inputs": [tensor_input(t) for t in inputs(72, n=2)],
+                    "sources": {"donor": [tensor_input(t) for t in leaning(73, channel=0, value=-5.0)]},
+                    "edits": [patch],
+                },
+            ]
+            bodies = [body | {"include_logits": True} for body in bodies]
+            model.clear()
+            responses = await post_all(app, client, "/interventions", bodies)
+            assert model.sizes == [8, 6]  # the reference forward (with the donors), then the edited one
+            for i, (response, body) in enumerate(zip(responses, bodies, strict=True)):
+                assert response.status_code == 200, response.text
+                alone = await client.post("/interventions", json={"model": "toy", **body})
+                assert alone.status_code == 200, alone.text
+                got, want = response.json(), alone.json()
+                assert not torch.allclose(logits(want, "edited"), logits(want, "clean"), atol=1e-4), i  # it did edit
+                assert_batched_close(logits(got, "edited"), logits(want, "edited"), f"request {i} edited")
+                assert_batched_close(logits(got, "clean"), logits(want, "clean"), f"request {i} clean")
+
+    run(scenario())

@@ -12,6 +12,7 @@ import pytest
 
 from service.errors import Unavailable
 from service.runtime.scheduler import Access, Batch, Job, Scheduler
+from tests.helpers.waiting import wait_until
 
 FAST, SHARED, EXCLUSIVE, READ = Access.FAST, Access.EAGER_SHARED, Access.EAGER_EXCLUSIVE, Access.READ
 HOOKED = Access.HOOKED
@@ -178,6 +179,27 @@ def test_with_no_delay_a_forming_batch_never_waits_for_an_announced_request(monk
     taker.join(timeout=20)
     assert not waited
     assert ids(got[0]) == [first.payload]
+
+
+def test_a_job_abandoned_while_a_batch_forms_is_left_out_of_it() -> None:
+    """The batch waits for an announced request; meanwhile a like job comes whose client has already left: it joins
+    no batch, and the one that does come joins."""
+    s = scheduler(delay_s=30.0)
+    first = job(FAST, key="a", kind="predict")
+    s.put(first)
+    s.announce("predict")
+    got: list[Batch | None] = []
+    taker = threading.Thread(target=lambda: got.append(s.take()))
+    taker.start()
+    wait_until(lambda: len(s) == 0, "the first job taken and its batch forming")
+    gone, kept = job(FAST, key="a", kind="predict"), job(FAST, key="a", kind="predict")
+    gone.abandon()
+    s.put(gone)
+    s.put(kept)
+    s.withdraw("predict")
+    taker.join(timeout=20)
+    assert not taker.is_alive()
+    assert ids(got[0]) == [first.payload, kept.payload]
 
 
 def test_cancelled_jobs_never_run() -> None:

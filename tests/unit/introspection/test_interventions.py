@@ -43,3 +43,14 @@ def test_a_spatial_selection_without_channels_takes_every_channel() -> None:
     want = rows.clone()
     want[..., 4:5] = 0
     torch.testing.assert_close(got, want)
+
+
+def test_a_spatial_mean_averages_each_selected_channel_on_its_own() -> None:
+    """Several channels of [N, C, H, W]: each becomes its own spatial average, never an average across them."""
+    rows = torch.arange(2 * 4 * 3 * 3, dtype=torch.float32).reshape(2, 4, 3, 3)
+    got = edit(rows, EditOp(0, "conv", 1, Selection(channels=(0, 2)), "mean"))
+    want = rows.clone()
+    for c in (0, 2):
+        want[:, c] = rows[:, c].mean((-2, -1), keepdim=True)
+    torch.testing.assert_close(got, want)
+    assert not torch.equal(got[:, 0], got[:, 2])  # two channels, two means
