@@ -24,18 +24,20 @@ from service.cli.remote import Handler, client_options, layer_list, make_client,
 from service.client import Client, calls
 from service.client.errors import HookserveError, NotFound
 from service.client.features.store import write_atomic
-from service.specs.vocab import JobKindName, JobState
 
-ACTIVE = (JobState.queued.value, JobState.running.value)
+# The server's job vocabulary (service.specs.vocab's JobState and JobKindName), spelled here so that the command
+# imports nothing of the server; tests/cli/test_jobs_cli.py checks they stay equal.
+ACTIVE = ("queued", "running")
+FAILED, CANCELLED = "failed", "cancelled"
 RESULT_FILE = "result.json"  # every succeeded job's result, as the server keeps it
 TEXT_PARAMETERS = ("positive", "negative", "name")  # class names and a vector's name: `positive=3` is the text "3"
 SHOWN_ERRORS = 20
 KIND_PARAMETERS = {  # the parameters each kind reads; GET /jobs/{id} lists every one, the others at their defaults
-    JobKindName.unit_stats.value: ("bins", "range"),
-    JobKindName.exemplars.value: ("k", "score"),
-    JobKindName.similarity.value: ("reduce",),
-    JobKindName.steering_vector.value: ("positive", "negative", "name"),
-    JobKindName.features.value: ("reduce", "shard_size"),
+    "unit_stats": ("bins", "range"),
+    "exemplars": ("k", "score"),
+    "similarity": ("reduce",),
+    "steering_vector": ("positive", "negative", "name"),
+    "features": ("reduce", "shard_size"),
 }
 
 
@@ -132,9 +134,9 @@ def follow(client: Client, job: dict[str, Any], args: argparse.Namespace) -> int
 
 def ended(job: dict[str, Any], args: argparse.Namespace) -> int:
     """0 for a succeeded job (its summary, or its state under --json); a failed or cancelled one is an error."""
-    if job["state"] == JobState.failed.value:
+    if job["state"] == FAILED:
         raise CliError(f"job {job['id']} failed: {job.get('error') or 'the server gave no reason'}", EXIT_REFUSED)
-    if job["state"] == JobState.cancelled.value:
+    if job["state"] == CANCELLED:
         raise CliError(f"job {job['id']} was cancelled after {job['done']} of {job['total']} samples", EXIT_REFUSED)
     if args.json:
         print_json(job)
@@ -289,7 +291,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     def job_id(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("id", metavar="ID", help="a job's id (`hookserve jobs list` lists them)")
 
-    kinds = [k.value for k in JobKindName]
+    kinds = list(KIND_PARAMETERS)
     p = verb("start", cmd_start, "start a job over a data set; prints its id (--wait: follows it to its end)")
     p.add_argument("kind", metavar="KIND", choices=kinds, help="what the job computes: " + ", ".join(kinds))
     p.add_argument("model", help="a model name (`hookserve models` lists them)")

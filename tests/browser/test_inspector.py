@@ -437,8 +437,11 @@ def test_a_vector_shaped_layer_is_drawn_as_bars_on_one_scale(
     unit = int(np.argmax(values))
     page.mouse.click(box["x"] + (unit + 0.5) * box["width"] / units, box["y"] + box["height"] / 2)
     shown = page.inner_text("#vector-unit")
-    assert shown.startswith(f"unit {unit}: "), shown
-    assert math.isclose(float(shown.split(": ")[1]), values[unit], rel_tol=1e-3)
+    found = re.fullmatch(r"unit (\d+): (\S+)", shown)
+    assert found, shown
+    clicked = int(found.group(1))
+    assert abs(clicked - unit) <= 1, shown  # 512 bars share fewer pixels: a click may land on a neighbour
+    assert math.isclose(float(found.group(2)), values[clicked], rel_tol=1e-3)
     watch.screenshot(f"{model}-{layer}-bars", element=page.locator("#layer-view"))
 
 

@@ -239,3 +239,12 @@ def test_the_readmes_jobs_lines_parse() -> None:
         argv = shlex.split(line.partition("#")[0])[1:]
         verbs.add(build_parser().parse_args(argv).verb)
     assert verbs == {"start", "list", "show", "wait", "result", "cancel"}
+
+
+def test_the_commands_job_vocabulary_is_the_servers() -> None:
+    """jobs.py spells the kinds and states itself (the CLI imports nothing of the server): they must match."""
+    from service.cli import jobs
+    from service.specs.vocab import JobKindName, JobState
+
+    assert list(jobs.KIND_PARAMETERS) == [k.value for k in JobKindName]
+    assert {*jobs.ACTIVE, jobs.FAILED, jobs.CANCELLED} <= {s.value for s in JobState}
