@@ -519,6 +519,16 @@ def test_the_model_card_shows_summary_state_dict_and_optimizer(watch: Watch, ser
     watch.screenshot("lenet-model-card")
 
 
+def equal_width_counts(values: np.ndarray[Any, Any], bins: int) -> list[int]:
+    """numpy's counts of float32 `values` in `bins` equal-width bins from min to max, binned as the page bins them
+    (in float64, the last bin closed)."""
+    wide = values.astype(np.float64).ravel()
+    lo, hi = wide.min(), wide.max()
+    index = np.minimum(bins - 1, np.floor((wide - lo) / (hi - lo) * bins).astype(int))
+    counts: list[int] = np.bincount(index, minlength=bins).tolist()
+    return counts
+
+
 def test_the_state_dict_sorts_filters_and_draws_a_histogram(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     open_inspector(page, "model=lenet")
@@ -537,10 +547,7 @@ def test_the_state_dict_sorts_filters_and_draws_a_histogram(watch: Watch, server
     page.wait_for_selector('#state-histogram[data-key="conv1.weight"]:not([hidden])')
     drawn = [int(c) for c in (page.get_attribute("#state-histogram-canvas", "data-counts") or "").split(",")]
     raw = httpx.get(f"{server.base_url}/models/lenet/state-dict?key=conv1.weight&format=npy", timeout=30).content
-    values = np.load(io.BytesIO(raw)).astype(np.float64).ravel()
-    lo, hi = values.min(), values.max()
-    bins = np.minimum(len(drawn) - 1, np.floor((values - lo) / (hi - lo) * len(drawn)).astype(int))
-    assert drawn == np.bincount(bins, minlength=len(drawn)).tolist()
+    assert drawn == equal_width_counts(np.load(io.BytesIO(raw)), len(drawn))
     assert "red line: zero" in page.inner_text("#state-histogram-caption")
     watch.screenshot("lenet-state-dict-histogram", element=page.locator("#card-panel"))
 
@@ -558,10 +565,7 @@ def test_a_layers_output_has_a_histogram_of_the_apis_values(watch: Watch, server
         f"{server.base_url}/activations", data={"model": "lenet", "layers": "conv1"}, files=files, timeout=60
     )
     values = np.asarray(answer.json()["activations"]["conv1"]["output"]["data"], dtype=np.float32)
-    values64 = values.astype(np.float64).ravel()
-    lo, hi = values64.min(), values64.max()
-    bins = np.minimum(len(drawn) - 1, np.floor((values64 - lo) / (hi - lo) * len(drawn)).astype(int))
-    assert drawn == np.bincount(bins, minlength=len(drawn)).tolist()
+    assert drawn == equal_width_counts(values, len(drawn))
     assert sum(drawn) == 6 * 28 * 28
     assert "4,704 values" in page.inner_text("#act-histogram-caption")
     watch.screenshot("lenet-conv1-histogram", element=page.locator("#layer-view"))

@@ -87,3 +87,16 @@ export function formatShape(shape) {
   if (shape.length && Array.isArray(shape[0])) return shape.map(formatShape).join(", ");
   return `[${shape.join(", ")}]`;
 }
+
+/** A cleared 2D context for `canvas` shown at width x height css px, drawn at the screen's pixel density. */
+export function sharpContext(canvas, width, height) {
+  const ratio = window.devicePixelRatio || 1;
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  canvas.width = Math.round(width * ratio);
+  canvas.height = Math.round(height * ratio);
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  return ctx;
+}

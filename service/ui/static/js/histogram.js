@@ -1,7 +1,7 @@
 // A histogram of a tensor's values on a canvas: equal-width bins from its min to its max, zero marked when the
 // values straddle it, and the counts behind the bars kept for people and tests (`data-counts`).
 
-import { formatNumber } from "./dom.js";
+import { formatNumber, sharpContext } from "./dom.js";
 
 const HEIGHT = 120; // css px
 const BINS = 48;
@@ -32,14 +32,7 @@ export function histogram(values, bins = BINS) {
 /** Draw `values` into `canvas` (css width `width`); returns the histogram drawn. */
 export function drawHistogram(canvas, values, width) {
   const found = histogram(values);
-  const ratio = window.devicePixelRatio || 1;
-  canvas.style.width = `${width}px`;
-  canvas.style.height = `${HEIGHT}px`;
-  canvas.width = Math.round(width * ratio);
-  canvas.height = Math.round(HEIGHT * ratio);
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  ctx.clearRect(0, 0, width, HEIGHT);
+  const ctx = sharpContext(canvas, width, HEIGHT);
   const peak = Math.max(1, ...found.counts);
   const step = width / found.counts.length;
   ctx.fillStyle = "#1f5fbf";

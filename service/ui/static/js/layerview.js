@@ -2,7 +2,7 @@
 // (format=png), and one channel of that grid enlarged on click or by number.
 
 import { Slot, isAbort, postJSON } from "./api.js";
-import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
+import { clearError, el, formatNumber, formatShape, sharpContext, showError } from "./dom.js";
 import { describeHistogram, drawHistogram } from "./histogram.js";
 import { parseSafetensors } from "./safetensors.js";
 import { readState, writeState } from "./state.js";
@@ -238,14 +238,7 @@ export class LayerView {
     const hi = Math.max(0, ...values);
     const canvas = this.vectorCanvas;
     const width = Math.max(240, Math.min(640, this.panel.clientWidth - 24));
-    const ratio = window.devicePixelRatio || 1;
-    canvas.style.width = `${width}px`;
-    canvas.style.height = `${BARS_HEIGHT}px`;
-    canvas.width = Math.round(width * ratio);
-    canvas.height = Math.round(BARS_HEIGHT * ratio);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.clearRect(0, 0, width, BARS_HEIGHT);
+    const ctx = sharpContext(canvas, width, BARS_HEIGHT);
     const span = hi - lo || 1;
     const zero = BARS_HEIGHT - ((0 - lo) / span) * BARS_HEIGHT;
     const step = width / values.length;
