@@ -163,18 +163,23 @@ def _scalar(text: str) -> Any:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
-def _members(annotation: Any) -> tuple[Any, ...]:
+def annotation_members(annotation: Any) -> tuple[Any, ...]:
+    """The types a field's annotation admits: a union's members (nested ones flattened), Annotated unwrapped."""
     origin = get_origin(annotation)
     if origin is Union or origin is types.UnionType:
-        return get_args(annotation)
+        return tuple(m for arg in get_args(annotation) for m in annotation_members(arg))
     if origin is typing.Annotated:
-        return _members(get_args(annotation)[0])
+        return annotation_members(get_args(annotation)[0])
     return (annotation,)
 
 
+def is_list_type(member: Any) -> bool:
+    return get_origin(member) is list or member is list
+
+
 def _accepts_list(annotation: Any) -> bool:
-    return any(get_origin(m) is list or m is list for m in _members(annotation))
+    return any(is_list_type(m) for m in annotation_members(annotation))
 
 
 def _accepts_none(annotation: Any) -> bool:
-    return any(m is type(None) for m in _members(annotation))
+    return any(m is type(None) for m in annotation_members(annotation))

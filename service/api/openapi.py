@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from fastapi import FastAPI
@@ -12,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.fields import FieldInfo
 
+from service.api.bodies import annotation_members, is_list_type
 from service.codecs.formats import OCTET
 from service.schemas.common import ErrorBody
 
@@ -158,17 +158,18 @@ _FORM_TYPES: dict[Any, str] = {bool: "boolean", int: "integer", float: "number",
 def form_property(fields: list[FieldInfo], *, prefill: bool = True) -> dict[str, Any]:
     """One form field for the same-named field of one or more body models: its type where it is one scalar (else a
     string: lists comma-separated, objects as JSON) and its default where they all agree; where there is none to
-    pre-fill, an empty string (Swagger UI sends no empty field, so the body's own default applies)."""
+    pre-fill, an empty string (Swagger UI sends it, and an empty optional form field is no field: the body's own
+    default applies)."""
     first = fields[0]
     prop: dict[str, Any] = {"type": "string", "description": first.description or "As in the JSON body."}
-    members = [m for m in _members(first.annotation) if m is not type(None)]
+    members = [m for m in annotation_members(first.annotation) if m is not type(None)]
     if len(members) == 1 and members[0] in _FORM_TYPES:
         prop["type"] = _FORM_TYPES[members[0]]
     elif len(members) == 1 and get_origin(members[0]) is Literal:
         prop["enum"] = [v.value if isinstance(v, enum.Enum) else v for v in get_args(members[0])]
     elif len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], enum.Enum):
         prop["enum"] = [m.value for m in members[0]]
-    elif any(get_origin(m) is list or m is list for m in members):
+    elif any(is_list_type(m) for m in members):
         prop["description"] += " Comma-separated."
     defaults = {_form_default(f) for f in fields}
     if prefill and first.is_required() and first.examples:
@@ -176,7 +177,7 @@ def form_property(fields: list[FieldInfo], *, prefill: bool = True) -> dict[str,
         prop["example"] = ",".join(map(str, example)) if isinstance(example, list | tuple) else example
     elif prefill and len(defaults) == 1 and (default := defaults.pop()) is not None:
         prop["default"] = default
-    else:  # pre-filled empty, so typed as a string (an empty number would not be one); sent empty, it is not sent
+    else:  # pre-filled empty, so typed as a string (an empty number is none); sent empty, it counts as no field
         if prop["type"] != "string":
             prop["description"] += f" ({'an' if prop['type'] == 'integer' else 'a'} {prop['type']})"
             prop["type"] = "string"
@@ -202,15 +203,6 @@ def _literal_value(field: FieldInfo) -> Any:
     values = get_args(field.annotation) if get_origin(field.annotation) is Literal else (field.default,)
     value = values[0]
     return value.value if isinstance(value, enum.Enum) else value
-
-
-def _members(annotation: Any) -> tuple[Any, ...]:
-    origin = get_origin(annotation)
-    if origin is Union or origin is types.UnionType:
-        return tuple(m for arg in get_args(annotation) for m in _members(arg))
-    if origin is Annotated:
-        return _members(get_args(annotation)[0])
-    return (annotation,)
 
 
 def install_openapi(app: FastAPI) -> None:
