@@ -10,8 +10,10 @@ The cluster starts only when a test asks for `ray_cluster`: the other tests here
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +28,7 @@ import psutil
 import pytest
 
 from service.cluster.grpc_ingress import SERVICER
-from tests.reliability.live_server import REPO_ROOT, free_port
+from tests.reliability.live_server import REPO_ROOT
 
 T = TypeVar("T")
 
@@ -35,6 +37,31 @@ T = TypeVar("T")
 # for the machine's own address). Ray's worker processes inherit both.
 LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 os.environ.update(LOCAL_RAY_ENV)
+
+
+# Ports below the kernel's ephemeral range (32768-60999 here) and above Ray's worker ports
+# (10002-19999). Ray gives its own servers ports from bind(0) or a random one above that, and every
+# outgoing connection takes an ephemeral one, so a port picked here and released stays free until the
+# server it was picked for binds it. A bind(0) port did not: Ray's agents started meanwhile could take
+# it, and a gRPC client then met an HTTP/1 server on the port meant for Serve's gRPC proxy.
+QUIET_PORTS = range(20000, 32768)
+_taken: set[int] = set()
+
+
+def quiet_port() -> int:
+    """A free loopback port in `QUIET_PORTS`, never handed out twice in this process."""
+    for _ in range(200):
+        port = random.choice(QUIET_PORTS)
+        if port in _taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError(f"no free port in {QUIET_PORTS}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +82,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     from ray import serve
 
     temp_dir = Path(tempfile.mkdtemp(prefix="hsray-", dir="/tmp"))  # short: Ray puts unix sockets in it
-    metrics_port, http_port, grpc_port = free_port(), free_port(), free_port()
+    metrics_port, http_port, grpc_port = quiet_port(), quiet_port(), quiet_port()
     try:
         ray.init(
             num_cpus=2,
@@ -151,7 +178,7 @@ class ClusterProcess:
         self, cluster: RayCluster | None, workdir: Path, args: list[str], env: dict[str, str] | None = None
     ) -> None:
         self.cluster = cluster
-        self.port, self.grpc_port = free_port(), free_port()
+        self.port, self.grpc_port = quiet_port(), quiet_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / f"cluster-{self.port}.log"
         address = ["--address", cluster.address] if cluster is not None else []

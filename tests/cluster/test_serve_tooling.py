@@ -17,7 +17,7 @@ import pytest
 
 from service.cluster.app import build
 from tests.cluster.api_checks import digits, replica_of, tensor_body
-from tests.cluster.conftest import RayCluster, running_replicas, wait_ready
+from tests.cluster.conftest import RayCluster, running_replicas, wait_for, wait_ready
 from tests.conftest import write_lenet
 
 APP = "tooling"
@@ -65,8 +65,15 @@ def test_grpc_through_serves_grpc_proxy_reaches_the_router_deployment(tooling: R
 
     app = {"application": APP}  # other applications may run on the session's cluster
     client = tgrpc.InferenceServerClient(f"127.0.0.1:{tooling.grpc_port}")
+
+    def ready() -> bool:  # Serve starts its gRPC proxy beside the HTTP one that wait_ready saw answer
+        try:
+            return bool(client.is_server_ready(headers=app))
+        except InferenceServerException:
+            return False
+
     try:
-        assert client.is_server_ready(headers=app)
+        wait_for(ready, 60, f"Serve's gRPC proxy on port {tooling.grpc_port}", poll=0.5)
         x = digits(1, seed=13)
         tensor = tgrpc.InferInput("input__0", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
