@@ -393,7 +393,8 @@ def table(results: dict[str, Any]) -> str:
     def cores(point: dict[str, Any] | None) -> float | None:
         return point["extra"]["tree_cpu_s"] / point["wall_s"] if point and "tree_cpu_s" in point["extra"] else None
 
-    for server, label in (("one-process", "one hookserve process, both cores"), ("ray", RAY_LABEL)):
+    ray_label = results.get("description", {}).get("ray", RAY_LABEL)  # as measured: older runs served differently
+    for server, label in (("one-process", "one hookserve process, both cores"), ("ray", ray_label)):
         busy = _point(results, server, high)
         alone, lenet = _point(results, server, 1), _point(results, server, 1, Kind.LENET_PREDICT)
         foot = results.get("footprint", {}).get(server, {})

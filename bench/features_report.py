@@ -26,7 +26,7 @@ def section(results: Mapping[str, Any]) -> list[str]:
     ]
     return [
         "",
-        f"## Bulk features (issue 17): {verdict}",
+        f"## Bulk features: {verdict}",
         "",
         f"{point['images']} copies of the cat JPEG, {point['model']} `{point['layer']}` reduced by "
         f"{point['reduce']} into safetensors shards. Target: `hookserve features` >= {point['target']} x raw "

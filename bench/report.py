@@ -353,10 +353,15 @@ def introspection_sections(results: Results) -> list[str]:
     targets = introspection_targets(results)
     if targets:
         passed = sum(t.ok is True for t in targets)
-        parts += [f"## Targets (issue 12): {passed} of {len(targets)} pass", "", targets_table(targets), ""]
+        parts += [
+            f"## Introspection-under-load targets: {passed} of {len(targets)} pass",
+            "",
+            targets_table(targets),
+            "",
+        ]
     if results.get("pairs"):
         parts += [
-            "## Issue 12's ratios in alternating windows",
+            "## Introspection ratios in alternating windows",
             "",
             paired_table(results),
             "",
@@ -368,7 +373,7 @@ def introspection_sections(results: Results) -> list[str]:
         ]
     if results.get("mixes"):
         parts += [
-            "## Mixed load (issue 12)",
+            "## Mixed load",
             "",
             mixed_table(results),
             "",
@@ -378,20 +383,20 @@ def introspection_sections(results: Results) -> list[str]:
         ]
     if TORCH_PATH_CONFIG in results.get("configs", {}):
         parts += [
-            "## ONNX Runtime's prediction path against the torch path (issue 12)",
+            "## ONNX Runtime's prediction path against the torch path",
             "",
             torch_path_table(results),
             "",
             f"`{TORCH_PATH_CONFIG}` is `{PAIRED_CONFIG}` with `HOOKSERVE_ONNXRUNTIME=false`: its predictions run on "
             "the BatchNorm-folded torch copy, as on main before ONNX Runtime. Hooked requests run the same on both, so "
-            "issue 12's introspection ratios, whose bottom is /predict, move onto the torch path by the factor above:",
+            "the introspection ratios, whose bottom is /predict, move onto the torch path by the factor above:",
             "",
             *(f"- {line}" for line in on_the_torch_path(results)),
             "",
         ]
     if any(c.get("baseline_of") for c in results.get("configs", {}).values()):
         parts += [
-            "## Today's main beside this commit, same run (issue 12)",
+            "## Before the scheduler rewrite (today's main then) beside this commit, same run",
             "",
             baseline_table(results),
             "",
@@ -480,8 +485,9 @@ def cpu_table(results: Results) -> str:
     return "\n".join(rows)
 
 
-def render_markdown(results: Results, title: str = "hookserve benchmark") -> str:
-    """The whole RESULTS.md."""
+def render_markdown(results: Results, title: str = "hookserve benchmark", more: str = "") -> str:
+    """The whole RESULTS.md; `more` (Markdown sections rendered elsewhere, e.g. the cluster row's) goes before the
+    Notes."""
     m = results.get("machine", {})
     versions = ", ".join(f"{k} {v}" for k, v in results.get("versions", {}).items())
     configs = "\n".join(
@@ -509,7 +515,7 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
         configs,
         "",
         *(
-            [f"## Targets (issue 5): {passed} of {len(targets)} pass", "", targets_table(targets), ""]
+            [f"## Serving targets against raw torch: {passed} of {len(targets)} pass", "", targets_table(targets), ""]
             if targets
             else []
         ),
@@ -554,6 +560,8 @@ def render_markdown(results: Results, title: str = "hookserve benchmark") -> str
     ]
     parts += features_section(results)
     parts += attention_section(results)
+    if more.strip():
+        parts += ["", more.strip()]
     notes = results.get("notes")
     if notes:
         parts += ["", "## Notes", "", str(notes).strip()]
@@ -571,7 +579,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.notes is not None:
         results["notes"] = args.notes.read_text()
         args.results.write_text(json.dumps(results, indent=2) + "\n")
-    (args.out or args.results.with_suffix(".md")).write_text(render_markdown(results))
+    from bench import cluster  # its table needs the bench's workload kinds: imported only here, not by the report
+
+    (args.out or args.results.with_suffix(".md")).write_text(render_markdown(results, more=cluster.markdown(results)))
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def measure_baseline(
         cfg = replace(
             DEFAULT.config,
             name=f"{DEFAULT.config.name}@{before.short}",
-            description=f"{DEFAULT.config.description}; the code of {before.ref} (today's main of issue 12)",
+            description=f"{DEFAULT.config.description}; the code of {before.ref} (before the scheduler rewrite)",
         )
         log(f"worktree of {before.ref} ({before.commit}) at {before.path}")
         points, _ = measure_config(Setup(cfg, BASELINE_POINTS), plan, port, workdir, inputs, source=before.path)
@@ -314,14 +314,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--baseline-ref",
         default=main_before.DEFAULT_REF,
         help=f"commit to measure beside `default` from a temporary worktree (default {main_before.DEFAULT_REF}, "
-        "issue 12's today's main)",
+        "the last commit before the scheduler rewrite)",
     )
     ap.add_argument("--skip-baseline", action="store_true", help="no second server from --baseline-ref")
     ap.add_argument(
         "--paired-rounds",
         type=int,
         default=5,
-        help="ABBA rounds of each issue-12 ratio in alternating windows (bench/paired.py; 0 skips them; default 5)",
+        help="ABBA rounds of each introspection ratio in alternating windows (bench/paired.py; 0 skips; default 5)",
     )
     ap.add_argument("--paired-window", type=float, default=8.0, help="seconds of each paired window (default 8)")
     ap.add_argument(
@@ -411,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["configs"][name] = entry
                 results["points"] += points
             if setup is DEFAULT and args.paired_rounds > 0:
-                log(f"issue 12's ratios in {args.paired_rounds} ABBA rounds of {args.paired_window:g} s windows")
+                log(f"introspection ratios in {args.paired_rounds} ABBA rounds of {args.paired_window:g} s windows")
                 results["pairs"] = paired.measure_pairs(
                     inputs,
                     conv_layers,
@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     if args.out is not None:
-        args.out.write_text(render_markdown(results) + cluster.markdown(results))
+        args.out.write_text(render_markdown(results, more=cluster.markdown(results)))
         log(f"wrote {args.out}")
     return 0
 

@@ -343,6 +343,6 @@ def test_report_tables_on_fake_numbers() -> None:
     assert "| - | - | - | 1 |" in cpu  # no batch metrics or thread split for the others (older results)
     md = render_markdown(results)
     assert md.startswith("# hookserve benchmark\n")
-    assert "## Targets (issue 5): 4 of 8 pass" in md
+    assert "## Serving targets against raw torch: 4 of 8 pass" in md
     assert "Fake CPU, 2 cores" in md
     assert "`HOOKSERVE_WORKER_THREADS=2`" in md

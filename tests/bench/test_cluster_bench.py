@@ -89,3 +89,17 @@ def test_tree_cpu_counts_what_children_used_after_they_ended() -> None:
             assert cluster.tree_cpu_seconds(parent.pid) >= 0.3
         finally:
             parent.kill()
+
+
+def test_a_report_rendered_again_keeps_the_cluster_row_before_the_notes(tmp_path: Path) -> None:
+    import json
+
+    from bench import report
+
+    run = {"cluster": {**results(), "description": {"ray": "Ray Serve, 2 replicas, proxy in front"}}}
+    (tmp_path / "RESULTS.json").write_text(json.dumps(run))
+    (tmp_path / "notes.md").write_text("Written after the run.")
+    report.main([str(tmp_path / "RESULTS.json"), "--notes", str(tmp_path / "notes.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert text.index("## Cluster: Ray Serve replicas against one process") < text.index("## Notes")
+    assert "| Ray Serve, 2 replicas, proxy in front | 36.0 |" in text  # the label of the run, not today's

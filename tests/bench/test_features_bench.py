@@ -36,18 +36,18 @@ def fake_point(ratio: float) -> dict[str, Any]:
 @pytest.mark.parametrize(("ratio", "verdict"), [(0.9, "pass"), (0.7, "FAIL")])
 def test_the_section_says_whether_the_target_is_met(ratio: float, verdict: str) -> None:
     lines = section({"features": fake_point(ratio)})
-    assert lines[1] == f"## Bulk features (issue 17): {verdict}"
+    assert lines[1] == f"## Bulk features: {verdict}"
     assert f"measured {ratio:.2f} x" in lines[3]
     assert section({}) == []
 
 
 def test_a_rerendered_report_keeps_the_section(tmp_path: Path) -> None:
     results = {"configs": {}, "raw": {}, "points": [], "features": fake_point(0.9)}
-    assert "## Bulk features (issue 17): pass" in render_markdown(results)
+    assert "## Bulk features: pass" in render_markdown(results)
     data = tmp_path / "RESULTS.json"
     data.write_text(json.dumps(results))
     report_main([str(data)])
-    assert "## Bulk features (issue 17): pass" in (tmp_path / "RESULTS.md").read_text()
+    assert "## Bulk features: pass" in (tmp_path / "RESULTS.md").read_text()
 
 
 def test_the_raw_counterpart_extracts_every_image(tmp_path: Path) -> None:

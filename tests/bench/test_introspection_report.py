@@ -183,9 +183,9 @@ def test_a_rerendered_report_keeps_the_issue_12_sections(tmp_path: Path, good: b
     report_main([str(data)])
     md = (tmp_path / "RESULTS.md").read_text()
     assert md == render_markdown(synthetic(good))
-    assert f"## Targets (issue 12): {summary}" in md
-    assert "## Mixed load (issue 12)" in md
-    assert "## Today's main beside this commit, same run (issue 12)" in md
+    assert f"## Introspection-under-load targets: {summary}" in md
+    assert "## Mixed load" in md
+    assert "## Before the scheduler rewrite (today's main then) beside this commit, same run" in md
     assert f"`{BEFORE}` ran `c8b51c3{'0' * 33}`" in md
     assert f"commit `{'f' * 40}`" in md
 
@@ -213,7 +213,7 @@ def test_the_prediction_paths_section_moves_paired_ratios_onto_the_torch_path() 
     gain = "/predict JPEG, 8 clients: ONNX Runtime / torch path"
     results["prediction_paths"] = [_paired_record(gain, "predict-jpeg-multipart", 8, [1.1, 1.2, 1.15, 1.25], NAN)]
     text = render_markdown(results)
-    assert "## ONNX Runtime's prediction path against the torch path (issue 12)" in text
+    assert "## ONNX Runtime's prediction path against the torch path" in text
     assert f"| {gain} | 44.0 / 40.0, 48.0 / 40.0, 46.0 / 40.0, 50.0 / 40.0 (images/s) |" in text
     assert f"- {layer4}: 0.94 on the torch path (bound 0.90)" in text  # 0.78 x 1.2
     assert [t.name for t in introspection_targets(results)] == targets  # the gains inform, they judge nothing

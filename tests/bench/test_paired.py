@@ -177,5 +177,5 @@ def test_the_paired_section_shows_each_round_and_the_single_window_ratio() -> No
     assert "today's main in the same run | 44.0 / 40.0" in table
     assert "| 1.100 | 1.128 | >= 1.10 | pass |" in table
     md = render_markdown(results)
-    assert "## Targets (issue 12): 9 of 9 pass" in md
-    assert "## Issue 12's ratios in alternating windows" in md
+    assert "## Introspection-under-load targets: 9 of 9 pass" in md
+    assert "## Introspection ratios in alternating windows" in md
