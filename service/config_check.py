@@ -387,27 +387,29 @@ def check_models(path: Path, settings: Settings, rehearse: bool = False) -> tupl
     return names, problems
 
 
-def check(flags: Mapping[str, Any], *, thorough: bool = False) -> CheckResult:
+def check(flags: Mapping[str, Any], *, thorough: bool = False, startup: bool = False) -> CheckResult:
     """Every problem of the settings (flags over environment) and of the models TOML they name.
 
-    `thorough` (`hookserve check`) adds what costs more than reading files: each sound model is built on the
+    `startup` (the server, before it imports anything heavy) adds what the server itself needs: the host and
+    port are bound, and the model dir must exist when a TOML or the dir itself is given. `thorough`
+    (`hookserve check`) adds those and what costs more than reading files: each sound model is built on the
     meta device with its kwargs, its weights' keys and shapes matched and a forward run at its input size (the
-    built-in models too when no TOML is given); the host and port are bound; the model dir must exist when a
-    TOML or the dir itself is given; a TOML without models is a problem."""
+    built-in models too when no TOML is given); a TOML without models is a problem. The server leaves the
+    model builds to loading itself, which reports each model that fails in /models without stopping the others
+    (and runs a model's own code once, not twice)."""
     settings, problems = build_settings(flags)
     if settings is None:
         return CheckResult(settings, [], problems)
-    if thorough:
+    server_level = thorough or startup
+    if server_level:
         problems += _address_problems(settings, flags)
     if settings.config is None:
-        if not thorough:
-            return CheckResult(settings, [], problems)
-        names, more = _builtin_problems()
+        names, more = _builtin_problems() if thorough else ([], [])
     else:
         names, more = check_models(Path(settings.config), settings, rehearse=thorough)
     said = any(p.message.startswith("the model dir") for p in more)
-    named = settings.config is not None or _given("model_dir", flags)
-    if thorough and named and not said and not settings.model_dir.is_dir():
+    named = _given("model_dir", flags) or (thorough and settings.config is not None)  # a TOML may need no dir
+    if server_level and named and not said and not settings.model_dir.is_dir():
         where = _setting_name("model_dir", flags)
         problems.append(Problem(where, f"{str(settings.model_dir)!r} is not a directory"))
     return CheckResult(settings, names, problems + more)
@@ -418,27 +420,37 @@ def _given(field: str, flags: Mapping[str, Any]) -> bool:
 
 
 def _address_problems(settings: Settings, flags: Mapping[str, Any]) -> list[Problem]:
-    """Whether the server could listen on host:port now: the host an address of this machine, the port free."""
+    """Whether the server could listen on host:port now, and on its gRPC and TorchServe-management ports when
+    they are on: the host an address of this machine, each port free and no two the same."""
     import errno
     import socket
 
-    if not 1 <= settings.port <= 65535:
-        return []  # said already
     host = _setting_name("host", flags)
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        return [Problem(host, f"{settings.host!r} is not a host name or address ({exc.strerror})")]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    ports = {"port": settings.port, "grpc_port": settings.grpc_port}
+    ports["torchserve_management_port"] = settings.torchserve_management_port
+    wanted = {field: port for field, port in ports.items() if port and 1 <= port <= 65535}  # None: off; 0: any
+    problems: list[Problem] = []
+    seen: dict[int, str] = {}
+    for field, port in wanted.items():
+        if port in seen:
+            other = _setting_name(seen[port], flags)
+            problems.append(Problem(_setting_name(field, flags), f"{port} is also {other}; give each its own port"))
+        seen.setdefault(port, field)
+    for field, port in wanted.items():
         try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                where = _setting_name("port", flags)
-                return [Problem(where, f"{settings.port} is in use on {settings.host}; choose another port")]
-            return [Problem(host, f"cannot listen on {settings.host!r}: {exc.strerror or exc}")]
-    return []
+            family, kind, proto, _, address = socket.getaddrinfo(settings.host, port, type=socket.SOCK_STREAM)[0]
+        except socket.gaierror as exc:
+            return [Problem(host, f"{settings.host!r} is not a host name or address ({exc.strerror})")]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does (no SO_REUSEPORT: a
+            try:  # gRPC server, which sets it, would otherwise share the port with another silently)
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    return [Problem(host, f"cannot listen on {settings.host!r}: {exc.strerror or exc}")]
+                where = _setting_name(field, flags)
+                problems.append(Problem(where, f"{port} is in use on {settings.host}; choose another port"))
+    return problems
 
 
 def _builtin_problems() -> tuple[list[str], list[Problem]]:
@@ -460,7 +472,7 @@ def _rehearsal(spec: ModelSpec, model_dir: Path) -> list[tuple[str, str]]:
 
 def settings_or_exit(flags: Mapping[str, Any]) -> Settings:
     """The settings to serve with; with any problem, print one line each to stderr and exit 2."""
-    result = check(flags)
+    result = check(flags, startup=True)
     if result.problems or result.settings is None:
         for problem in result.problems:
             print(problem, file=sys.stderr)

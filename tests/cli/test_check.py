@@ -292,3 +292,41 @@ def test_a_missing_config_is_answered_before_the_server_is_imported(tmp_path: Pa
     )  # fmt: skip
     assert done.stdout == "2 False False\n"
     assert done.stderr == "none.toml: no such file (--config / HOOKSERVE_CONFIG)\n"
+
+
+def test_the_server_refuses_a_taken_port_a_missing_dir_and_one_port_twice_before_importing_torch(
+    tmp_path: Path,
+) -> None:
+    """The server runs check's own address and directory checks at start-up: exit 2 with the line, not 3 from
+    uvicorn after the whole app was imported, and no gRPC server sharing a taken port through SO_REUSEPORT."""
+    probe = (
+        "import sys\nimport service.__main__ as entry\ntry:\n    entry.main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)\n"
+    )
+
+    def start(*flags: object, **env: str) -> tuple[str, str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, flags)], cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}, capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+        return done.stdout, done.stderr
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert start("--port", port) == ("2 False\n", f"--port: {port} is in use on 127.0.0.1; choose another port\n")
+        free = free_port()
+        assert start("--port", free, HOOKSERVE_GRPC_PORT=str(port)) == (
+            "2 False\n",
+            f"HOOKSERVE_GRPC_PORT: {port} is in use on 127.0.0.1; choose another port\n",
+        )
+    assert start("--port", free, HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT=str(free)) == (
+        "2 False\n",
+        f"HOOKSERVE_TORCHSERVE_MANAGEMENT_PORT: {free} is also --port; give each its own port\n",
+    )
+    assert start("--port", free, "--model-dir", tmp_path / "none") == (
+        "2 False\n",
+        f"--model-dir: {str(tmp_path / 'none')!r} is not a directory\n",
+    )
