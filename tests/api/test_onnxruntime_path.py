@@ -12,7 +12,8 @@ from torchvision.models import ResNet
 
 from service.registry import onnx_path
 from tests.api.test_prediction_path import LOOPED_PY, resnet18_with_statistics
-from tests.conftest import ClientFactory, tensor_input
+from tests.conftest import ClientFactory, as_tensor, tensor_input
+from tests.helpers.captum_reference import captum
 
 CONFIG = """
 [[models]]
@@ -156,5 +157,48 @@ def test_hooked_requests_see_the_model_and_never_the_runtime(
         want_fc = r18(x[None])
     torch.testing.assert_close(torch.tensor(activations["bn1"]["output"]["data"]), want_bn1, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.tensor(activations["fc"]["output"]["data"]), want_fc, rtol=1e-4, atol=1e-4)
+    assert runs == []
+    assert client.get("/models/r18").json()["hooks"] == 0
+
+
+def attributions(client: TestClient, model: str, x: torch.Tensor, **params: Any) -> torch.Tensor:
+    body = {"model": model, "inputs": [tensor_input(t) for t in x], "target": [1, 7], **params}
+    response = client.post("/saliency", json=body)
+    assert response.status_code == 200, response.text
+    return torch.stack([as_tensor(r["attribution"]) for r in response.json()["results"]])
+
+
+@pytest.mark.parametrize(
+    ("params", "captum_method"),
+    [
+        ({"method": "occlusion", "window": [16, 16], "strides": [16, 16]}, "occlusion"),
+        ({"method": "feature_ablation", "groups": "grid", "cell": [16, 16]}, "feature_ablation"),
+    ],
+)
+def test_perturbation_methods_run_their_forwards_on_onnxruntime_and_equal_captum(
+    *,
+    files: None,
+    make_client: ClientFactory,
+    r18: ResNet,
+    runs: list[int],
+    params: dict[str, Any],
+    captum_method: str,
+) -> None:
+    """Occlusion and feature ablation need neither hooks nor autograd: their perturbed copies go through the
+    prediction path (ONNX Runtime here, the fused copy for r18_torch), and the maps still equal Captum's on the model
+    within what loading checked the path against (1e-4 a score, so 2e-4 a difference of two)."""
+    client = make_client(CONFIG)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(6))
+    reference = {"window": [16, 16], "strides": [16, 16], "baseline": 0.0} if captum_method == "occlusion" else {}
+    reference |= {"cell": [16, 16], "baseline": 0.0} if captum_method == "feature_ablation" else {}
+    want, _ = captum(r18, x, captum_method, reference, [1, 7])
+    for model, on_runtime in (("r18", True), ("r18_torch", False)):
+        runs.clear()
+        got = attributions(client, model, x, **params)
+        torch.testing.assert_close(got, want.detach(), rtol=1e-3, atol=2e-4)
+        # the class scores, then each input's 16 occluded copies and its unperturbed row (Captum's own first forward)
+        assert sum(runs) == (2 + 2 * (16 + 1) if on_runtime else 0), runs
+    runs.clear()
+    attributions(client, "r18", x, method="gradient")  # a gradient needs autograd: never the runtime
     assert runs == []
     assert client.get("/models/r18").json()["hooks"] == 0

@@ -14,7 +14,9 @@ from torch import Tensor, nn
 from torchvision.models import ResNet
 
 from service.config import Settings
+from service.introspection.attribution import method_named
 from service.main import create_app
+from service.registry.probes import TOLERANCE
 from service.zoo.lenet import LeNet
 from tests.api.test_saliency import decode_png
 from tests.conftest import (
@@ -119,7 +121,10 @@ def test_parity_with_captum(client: TestClient, references: dict[str, nn.Module]
         attribution, expected = as_tensor(result["attribution"]), want[i].detach()
         assert list(attribution.shape) == list(expected.shape)
         scale = float(expected.abs().max()) + 1e-12
-        torch.testing.assert_close(attribution, expected, rtol=1e-3, atol=1e-5 * scale, msg=f"{method} {i}")
+        # perturbation methods run on the prediction path's copy, whose scores loading keeps within TOLERANCE of the
+        # model's: an attribution (a difference of two scores) then agrees within twice that
+        atol = 2 * TOLERANCE if method_named(method).plain_forwards else 1e-5 * scale
+        torch.testing.assert_close(attribution, expected, rtol=1e-3, atol=atol, msg=f"{method} {i}")
         heatmap = as_tensor(result["heatmap"])
         torch.testing.assert_close(heatmap, expected_heatmap(expected, x, method in LAYER_METHODS), rtol=0, atol=2e-3)
         if method in WITH_DELTAS:

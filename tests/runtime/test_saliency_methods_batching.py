@@ -17,6 +17,7 @@ from torch import Tensor
 
 from service.config import Settings
 from service.introspection.attribution import compute_saliency, method_named
+from service.runtime.runners.saliency import plain_copy
 from tests.conftest import as_tensor, tensor_input
 from tests.helpers.captum_reference import NEW_METHODS
 from tests.helpers.compare import assert_batched_close
@@ -84,7 +85,8 @@ def test_two_concurrent_requests_share_a_batch_and_each_equals_itself_alone(tmp_
             wants = []
             for x, targets, fields in requests:
                 params = method_named(method).params.model_validate({"method": method, **fields})
-                wants.append(compute_saliency(served.model.module, x, params, targets, settings=settings))
+                plain = plain_copy(served.model)  # what the server's perturbation forwards run on
+                wants.append(compute_saliency(served.model.module, x, params, targets, settings=settings, plain=plain))
             executor = served.executor
             before = executor.stats.hooked_batches
             started, gate = threading.Event(), threading.Event()

@@ -87,6 +87,9 @@ class AttributionMethod(Generic[P]):
     over_tokens: ClassVar[bool] = False  # the map is over a vision transformer's patch grid by design
     chunked: ClassVar[bool] = False  # `attribute` runs its rows in chunks of `AttributionContext.rows`
     least_rows: ClassVar[int] = 1  # the fewest rows one of its forwards can see
+    # its forwards need neither autograd nor hooks (perturbations): they may run on the prediction path's copy
+    # (ONNX Runtime, the fused or compiled module), which loading checked against the model
+    plain_forwards: ClassVar[bool] = False
     time_advice: ClassVar[str] = "send fewer inputs"  # what lowers its rows through the model
 
     def check_model(self, params: P, model: nn.Module, name: str) -> None:

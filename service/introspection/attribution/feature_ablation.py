@@ -134,6 +134,7 @@ class FeatureAblation(AttributionMethod[FeatureAblationParams]):
     `perturbation_batch_size`)."""
 
     name = "feature_ablation"
+    plain_forwards = True
     params = FeatureAblationParams
     title = "Feature ablation over superpixels (SLIC, Achanta et al. 2012) or grid cells"
     chunked = True

@@ -100,6 +100,7 @@ class Occlusion(AttributionMethod[OcclusionParams]):
     `perturbation_batch_size`)."""
 
     name = "occlusion"
+    plain_forwards = True
     params = OcclusionParams
     title = "Occlusion (Zeiler & Fergus 2014): the score drop when a sliding window is replaced by a baseline"
     chunked = True

@@ -31,9 +31,12 @@ def attribute_batch(
     settings: Settings,
     *,
     rows_per_forward: int | None = None,
+    plain: nn.Module | None = None,
 ) -> list[SaliencyItem]:
     """One item per row of `x`, with `params[i]` (one method; batch-key-equal) and the targets `resolve(logits)` picks;
-    `rows_per_forward`: the most rows one of the method's own forwards may see (None: its setting).
+    `rows_per_forward`: the most rows one of the method's own forwards may see (None: its setting); `plain`: a copy
+    of `model` that agrees with it within its checked tolerance and runs faster without hooks or autograd (the
+    prediction path's), for the forwards of methods that need neither (`plain_forwards`: occlusion, ablation).
 
     The model is never mutated; autograd runs on a detached copy of `x`, or only downstream of
     the layer a method differentiates at.
@@ -70,13 +73,14 @@ def attribute_batch(
             rows = method.from_graph(kept, grads, params[0], x).detach()
             logits, targets = found.logits, found.targets
         else:
+            runs = plain if plain is not None and method.plain_forwards else model
             with torch.no_grad():
-                logits = class_scores(model(x))
+                logits = class_scores(runs(x))
             targets = checked(logits)
             with torch.enable_grad():
                 inputs = x.detach().clone().requires_grad_(True)
                 ctx = AttributionContext(settings, logits, rows_per_forward)
-                attributions = method.attribute(model, inputs, targets, params, ctx)
+                attributions = method.attribute(runs, inputs, targets, params, ctx)
             rows = attributions.rows.detach()
             deltas = list(attributions.deltas) if attributions.deltas is not None else deltas
             on_grid = on_grid or attributions.tokens is not None
@@ -103,12 +107,18 @@ def _token_outputs(kept: Sequence[Tensor], layout: TokenLayout | None) -> bool:
 
 
 def compute_saliency(
-    model: nn.Module, x: Tensor, params: MethodParams, targets: Sequence[int], *, settings: Settings
+    model: nn.Module,
+    x: Tensor,
+    params: MethodParams,
+    targets: Sequence[int],
+    *,
+    settings: Settings,
+    plain: nn.Module | None = None,
 ) -> list[SaliencyItem]:
-    """Attribute `targets[i]` for each input row `x[i]` with one request's `params`."""
+    """Attribute `targets[i]` for each input row `x[i]` with one request's `params` (`plain`: as attribute_batch's)."""
     check(len(targets) == x.shape[0], f"{len(targets)} targets for {x.shape[0]} inputs")
     method_named(params.method).check_input(params, tuple(x.shape[1:]), settings)
-    return attribute_batch(model, x, [params] * x.shape[0], lambda logits: list(targets), settings)
+    return attribute_batch(model, x, [params] * x.shape[0], lambda logits: list(targets), settings, plain=plain)
 
 
 def _minmax(heatmap: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from service.config import Settings
 from service.introspection.attribution import MethodParams, method_named
@@ -15,6 +16,15 @@ from service.introspection.targets import TargetSpec, resolve_targets
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import foreign_shape_errors, to_device
 from service.runtime.runners.base import Runner, concatenated, offsets
+
+# prediction paths that perturbation methods' forwards may take: any batch size runs at once on them (a compiled
+# copy would compile again for each new chunk size)
+PLAIN_PATHS = frozenset({"onnxruntime", "fused"})
+
+
+def plain_copy(model: LoadedModel) -> nn.Module | None:
+    """The copy perturbation methods' forwards run on: the prediction path's, when it takes any batch size."""
+    return model.fast if model.prediction_path in PLAIN_PATHS else None
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,13 @@ class SaliencyRunner(Runner[SaliencyRequest]):
         chosen = [request.rows for request in requests if request.rows is not None]
         with foreign_shape_errors(model, x):
             items = attribute_batch(
-                model.module, x, params, resolve, self.settings, rows_per_forward=min(chosen, default=None)
+                model.module,
+                x,
+                params,
+                resolve,
+                self.settings,
+                rows_per_forward=min(chosen, default=None),
+                plain=plain_copy(model),
             )
         on_cpu = [replace(item, attribution=item.attribution.cpu(), heatmap=item.heatmap.cpu()) for item in items]
         return [on_cpu[start:stop] for start, stop in bounds]
