@@ -3,7 +3,8 @@
 // of the block as small multiples; and attention rollout beside gradient-weighted attention (POST /saliency).
 
 import { Slot, isAbort, postJSON } from "./api.js";
-import { paintHeatmap } from "./colormap.js";
+import { colourBar, formatEnd, hideColourBar, setColourBar } from "./colorbar.js";
+import { paintHeatmap, scaleFor } from "./colormap.js";
 import { clearError, el, showError } from "./dom.js";
 import { drawModelView } from "./image.js";
 import { parseSafetensors } from "./safetensors.js";
@@ -15,16 +16,11 @@ const RELEVANCE = [
   ["gradient_weighted_attention", "Gradient-weighted attention", "relevance through grad × attention, for the target"],
 ];
 
-/** Min-max scale to [0, 1] (all zeros when flat). */
-function scaled(values) {
-  let low = Infinity;
-  let high = -Infinity;
-  for (const v of values) {
-    if (v < low) low = v;
-    if (v > high) high = v;
-  }
-  const span = high - low;
-  return Float32Array.from(values, (v) => (span > 0 ? (v - low) / span : 0));
+/** Paint `values` over the image on their own scale (min–max; symmetric about 0 if signed); returns the scale. */
+function paintOver(canvas, values, rows, cols) {
+  const scale = scaleFor(values);
+  paintHeatmap(canvas, values, rows, cols, scale, { overlay: true });
+  return scale;
 }
 
 function stack(label) {
@@ -54,13 +50,19 @@ export class AttentionPanel {
     this.main = stack("No attention map yet");
     this.main.box.tabIndex = 0;
     this.main.box.id = "attention-stack";
-    root.querySelector("#attention-main").prepend(this.main.box);
+    this.mainBar = colourBar("attention-colorbar");
+    this.main.box.setAttribute("aria-describedby", "attention-colorbar");
+    root.querySelector("#attention-main").prepend(this.main.box, this.mainBar);
     this.grid = root.querySelector("#attention-heads");
+    this.headsBar = colourBar("attention-heads-colorbar");
+    this.grid.after(this.headsBar);
     this.relevance = RELEVANCE.map(([method, title, help]) => {
       const view = stack(`No ${title.toLowerCase()} yet`);
+      const bar = colourBar(`${method}-colorbar`);
+      view.box.setAttribute("aria-describedby", `${method}-colorbar`);
       const caption = el("figcaption", { text: help });
-      const figure = el("figure", { class: "overlay", "data-method": method }, el("h3", { text: title }), view.box, caption);
-      return { method, title, view, caption, figure };
+      const figure = el("figure", { class: "overlay", "data-method": method }, el("h3", { text: title }), view.box, bar, caption);
+      return { method, title, view, bar, caption, figure };
     });
     root.querySelector("#attention-relevance").replaceChildren(...this.relevance.map((r) => r.figure));
     this.block.addEventListener("change", () => {
@@ -144,7 +146,8 @@ export class AttentionPanel {
         const attribution = tensors["0:attribution"];
         const [rows, cols] = attribution.shape;
         drawModelView(view.view.base, input, preprocess, null);
-        paintHeatmap(view.view.heat, scaled(attribution.data), rows, cols);
+        const scale = paintOver(view.view.heat, attribution.data, rows, cols);
+        setColourBar(view.bar, scale, { overlay: true });
         this.clearMarker(view.view);
         const label = result ? result.label ?? String(result.target) : "?";
         view.caption.textContent = `${view.title}: class ${label} · ${rows}×${cols} patches, class token's row`;
@@ -178,7 +181,8 @@ export class AttentionPanel {
     const [rows, cols] = this.maps.tokens.grid;
     const head = this.head.value;
     drawModelView(this.main.base, input, preprocess, null);
-    paintHeatmap(this.main.heat, scaled(this.rowOver(head)), rows, cols);
+    const scale = paintOver(this.main.heat, this.rowOver(head), rows, cols);
+    setColourBar(this.mainBar, scale, { overlay: true });
     this.drawMarker(this.main);
     const who = this.queryName();
     const which = head === MEAN ? "the mean of its heads" : `head ${head}`;
@@ -186,10 +190,13 @@ export class AttentionPanel {
     this.main.box.setAttribute("aria-label", `Attention of ${who} over the image, ${this.block.value}, ${which}`);
     this.root.dataset.query = String(this.query ?? 0);
     const tiles = [];
+    let kind = null;
     for (let h = 0; h < this.maps.heads; h += 1) {
       const view = stack(`head ${h}`);
       drawModelView(view.base, input, preprocess, null);
-      paintHeatmap(view.heat, scaled(this.rowOver(String(h))), rows, cols);
+      const own = paintOver(view.heat, this.rowOver(String(h)), rows, cols);
+      if (!kind || own.kind === "diverging") kind = own;
+      view.box.setAttribute("aria-label", `head ${h}, from ${formatEnd(own.lo)} to ${formatEnd(own.hi)}`);
       this.drawMarker(view);
       const pressed = head === String(h);
       tiles.push(
@@ -199,7 +206,7 @@ export class AttentionPanel {
             type: "button",
             class: "head-tile",
             "aria-pressed": String(pressed),
-            title: `Show head ${h}`,
+            title: `Show head ${h} (its own scale: ${formatEnd(own.lo)} … ${formatEnd(own.hi)})`,
             onclick: () => {
               this.head.value = String(h);
               writeState({ head: String(h) });
@@ -212,6 +219,15 @@ export class AttentionPanel {
       );
     }
     this.grid.replaceChildren(...tiles);
+    const diverging = kind.kind === "diverging";
+    setColourBar(this.headsBar, kind, {
+      scope: "per-head",
+      ends: diverging
+        ? { lo: "−max |v|", hi: "+max |v|", text: "each head from −its own max |v| to +its own max |v|" }
+        : { lo: "min", hi: "max", text: "each head from its own min to its own max" },
+      overlay: true,
+      note: "a tile's title gives its range",
+    });
   }
 
   queryName() {
@@ -287,6 +303,7 @@ export class AttentionPanel {
     }
     this.grid.replaceChildren();
     this.caption.textContent = caption;
+    for (const bar of [this.mainBar, this.headsBar, ...this.relevance.map((r) => r.bar)]) hideColourBar(bar);
     for (const r of this.relevance) r.caption.textContent = "";
   }
 

@@ -1,5 +1,8 @@
-// matplotlib's "inferno" sampled at 256 points, as the server's PNG heatmaps colour them
-// (service/codecs/colormap.py); tests/browser/test_static.py checks the two stay equal.
+// The inspector's colour maps: matplotlib's "inferno" for non-negative maps (as the server's PNG heatmaps colour
+// them), a blue-white-red diverging map for signed ones (symmetric about 0), and gray for feature-map grids.
+
+// "inferno" sampled at 256 points, as service/codecs/colormap.py has it; tests/browser/test_static.py checks the
+// two stay equal.
 const HEX =
   "00000401000501010601010802010a02020c02020e03021004031204031405041706041907051b08051d09061f0a0722" +
   "0b07240c08260d08290e092b10092d110a30120a32140b34150b37160b39180c3c190c3e1b0c411c0c431e0c451f0c48" +
@@ -21,19 +24,110 @@ const HEX =
 /** The lookup table: 256 [r, g, b] byte triples, index = round(value * 255). */
 export const INFERNO = Uint8Array.from(HEX.match(/../g), (h) => parseInt(h, 16));
 
-/** Paint `values` (a [h, w] map in [0, 1]) into `canvas` through the table, fully opaque. */
-export function paintHeatmap(canvas, values, height, width) {
+/** ColorBrewer's RdBu, reversed: blue below zero, near-white at zero, red above (11 stops, evenly spaced). */
+const RDBU = ["053061", "2166ac", "4393c3", "92c5de", "d1e5f0", "f7f7f7", "fddbc7", "f4a582", "d6604d", "b2182b", "67001f"];
+
+/** A 256-entry [r, g, b] table through evenly spaced hex stops. */
+function ramp(stops) {
+  const rgb = stops.map((hex) => [0, 2, 4].map((i) => parseInt(hex.slice(i, i + 2), 16)));
+  const table = new Uint8Array(256 * 3);
+  for (let k = 0; k < 256; k += 1) {
+    const at = (k / 255) * (rgb.length - 1);
+    const i = Math.min(rgb.length - 2, Math.floor(at));
+    const f = at - i;
+    for (let c = 0; c < 3; c += 1) table[k * 3 + c] = Math.round(rgb[i][c] + (rgb[i + 1][c] - rgb[i][c]) * f);
+  }
+  return table;
+}
+
+/** The diverging table for signed values: index 0 = -max|v|, 127.5 = 0, 255 = +max|v|. */
+export const DIVERGING = ramp(RDBU);
+
+/** Black to white, the feature-map grid's sequential table (as the API's PNG grid draws it). */
+export const GRAY = ramp(["000000", "ffffff"]);
+
+/** Lowest and highest finite value of `values` ({lo: 0, hi: 0} when none is finite). */
+export function rangeOf(values) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (!Number.isFinite(v)) continue;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return lo === Infinity ? { lo: 0, hi: 0 } : { lo, hi };
+}
+
+/**
+ * How to colour values ranging over [lo, hi]: signed data (any value below 0) gets the diverging table, symmetric
+ * about 0 (ends ±max|v|); non-negative data the sequential table `lut` from lo to hi (min–max).
+ */
+export function scaleOf({ lo, hi }, lut = INFERNO) {
+  if (lo < 0) {
+    const m = Math.max(-lo, Math.abs(hi));
+    return { kind: "diverging", lo: -m, hi: m, lut: DIVERGING };
+  }
+  return { kind: "sequential", lo, hi, lut };
+}
+
+/** `scaleOf` the range of `values`. */
+export function scaleFor(values, lut = INFERNO) {
+  return scaleOf(rangeOf(values), lut);
+}
+
+/** Where `v` falls on `scale`, in [0, 1] (the middle of a flat diverging scale, the bottom of a flat sequential one). */
+export function position(scale, v) {
+  const span = scale.hi - scale.lo;
+  if (!Number.isFinite(v)) return scale.kind === "diverging" ? 0.5 : 0;
+  if (!(span > 0)) return scale.kind === "diverging" ? 0.5 : 0;
+  return Math.min(1, Math.max(0, (v - scale.lo) / span));
+}
+
+/** How strongly `v` shows over an image, in [0, 1]: |v| / max|v| on a diverging scale, its position otherwise. */
+export function strength(scale, v) {
+  const t = position(scale, v);
+  return scale.kind === "diverging" ? Math.abs(t - 0.5) * 2 : t;
+}
+
+/**
+ * Paint `values` (a [height, width] map) into `canvas` through `scale` (by default values in [0, 1] through inferno,
+ * as the API's heatmap is). `overlay`: over an image, each pixel's opacity grows with its strength, so the image
+ * shows through where the map is low (zero on a diverging scale is fully transparent); otherwise fully opaque.
+ */
+export function paintHeatmap(canvas, values, height, width, scale = null, { overlay = false } = {}) {
+  const drawn = scale || { kind: "sequential", lo: 0, hi: 1, lut: INFERNO };
   canvas.width = width;
   canvas.height = height;
   const ctx = canvas.getContext("2d");
   const image = ctx.createImageData(width, height);
   for (let i = 0; i < height * width; i += 1) {
-    const v = Number.isFinite(values[i]) ? Math.min(1, Math.max(0, values[i])) : 0;
-    const k = Math.round(v * 255) * 3;
-    image.data[i * 4] = INFERNO[k];
-    image.data[i * 4 + 1] = INFERNO[k + 1];
-    image.data[i * 4 + 2] = INFERNO[k + 2];
-    image.data[i * 4 + 3] = 255;
+    const v = values[i];
+    const k = Math.round(position(drawn, v) * 255) * 3;
+    image.data[i * 4] = drawn.lut[k];
+    image.data[i * 4 + 1] = drawn.lut[k + 1];
+    image.data[i * 4 + 2] = drawn.lut[k + 2];
+    image.data[i * 4 + 3] = overlay ? Math.round(strength(drawn, v) * 255) : 255;
   }
   ctx.putImageData(image, 0, 0);
+}
+
+/** Resize a [h, w] map to [height, width] bilinearly, as torch's interpolate(align_corners=False) does. */
+export function resize(values, h, w, height, width) {
+  if (h === height && w === width) return values;
+  const out = new Float32Array(height * width);
+  const source = (i, inSize, outSize) => {
+    const at = Math.max(0, ((i + 0.5) * inSize) / outSize - 0.5);
+    const i0 = Math.min(inSize - 1, Math.floor(at));
+    return [i0, Math.min(inSize - 1, i0 + 1), at - i0];
+  };
+  for (let y = 0; y < height; y += 1) {
+    const [y0, y1, fy] = source(y, h, height);
+    for (let x = 0; x < width; x += 1) {
+      const [x0, x1, fx] = source(x, w, width);
+      const top = values[y0 * w + x0] * (1 - fx) + values[y0 * w + x1] * fx;
+      const bottom = values[y1 * w + x0] * (1 - fx) + values[y1 * w + x1] * fx;
+      out[y * width + x] = top * (1 - fy) + bottom * fy;
+    }
+  }
+  return out;
 }

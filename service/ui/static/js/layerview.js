@@ -1,14 +1,95 @@
-// One layer up close: its statistics (format=stats), its feature maps as the API's PNG grid
-// (format=png), and one channel of that grid enlarged on click or by number.
+// One layer up close: its statistics (format=stats), its feature maps drawn here from the API's values
+// (format=safetensors) in the layout of the API's PNG grid, and one channel of that grid enlarged on click or by
+// number. Signed maps are drawn blue-white-red, symmetric about 0; non-negative ones black to white. Each channel on
+// its own scale, or all on one shared scale; a colour bar beside the grid and the enlarged channel says which.
 
 import { Slot, isAbort, postJSON } from "./api.js";
+import { colourBar, hideColourBar, setColourBar } from "./colorbar.js";
+import { DIVERGING, GRAY, position, rangeOf, scaleOf } from "./colormap.js";
 import { clearError, el, formatNumber, formatShape, sharpContext, showError } from "./dom.js";
 import { describeHistogram, drawHistogram } from "./histogram.js";
+import { tokenGrid } from "./maps.js";
 import { parseSafetensors } from "./safetensors.js";
 import { readState, writeState } from "./state.js";
 
-const SEPARATOR = 2; // px between tiles in the API's grid (service/codecs/pictures.py)
+const SEPARATOR = 2; // px between tiles, as in the API's grid (service/codecs/pictures.py)
+const MIN_TILE = 32; // px: small maps are enlarged (nearest) to about this, as the API's grid does
 const ENLARGED = 192; // px, the longer side of an enlarged channel
+const SEPARATOR_COLOUR = { sequential: [255, 255, 255], diverging: [68, 68, 68] }; // white would hide 0 (white)
+
+/**
+ * The first input's maps of a layer's output as {data, channels, h, w}: `[N, C, h, w]` as is, `[N, h, w]` as one
+ * map, a vision transformer's `[N, T, D]` tokens (with `tokens`, its layout) as D maps over the patch grid.
+ */
+export function featureMaps(tensor, tokens) {
+  const each = tensor.shape.slice(1);
+  const numel = each.reduce((a, b) => a * b, 1);
+  const first = tensor.data.subarray(0, numel);
+  const grid = tokenGrid(first, each, tokens);
+  if (grid) return { data: grid.data, channels: grid.shape[0], h: grid.shape[1], w: grid.shape[2] };
+  if (each.length === 3) return { data: first, channels: each[0], h: each[1], w: each[2] };
+  if (each.length === 2) return { data: first, channels: 1, h: each[0], w: each[1] };
+  if (each.length === 1) return { data: first, channels: each[0], h: 1, w: 1 };
+  throw new Error(`the output has shape ${formatShape(tensor.shape)}; a grid of maps needs [N, C, H, W]`);
+}
+
+/** Each channel's scale: its own range, or the range of all `count` drawn, symmetric about 0 if any is below 0. */
+export function tileScales(maps, count, shared) {
+  const size = maps.h * maps.w;
+  const all = scaleOf(rangeOf(maps.data.subarray(0, count * size)), GRAY);
+  const scales = [];
+  for (let c = 0; c < count; c += 1) {
+    if (shared) {
+      scales.push(all);
+      continue;
+    }
+    const own = rangeOf(maps.data.subarray(c * size, (c + 1) * size));
+    if (all.kind === "diverging") {
+      const m = Math.max(-own.lo, own.hi, 0);
+      scales.push({ kind: "diverging", lo: -m, hi: m, lut: DIVERGING });
+    } else scales.push({ kind: "sequential", lo: own.lo, hi: own.hi, lut: GRAY });
+  }
+  return { all, scales };
+}
+
+/** The grid as a canvas: `count` tiles row-major in ceil(sqrt(count)) columns, SEPARATOR px apart. */
+function gridCanvas(maps, count, scales, kind) {
+  const { h, w, data } = maps;
+  const zoom = Math.max(1, Math.ceil(MIN_TILE / Math.max(h, w)));
+  const th = h * zoom;
+  const tw = w * zoom;
+  const cols = Math.ceil(Math.sqrt(count));
+  const rows = Math.ceil(count / cols);
+  const canvas = document.createElement("canvas");
+  canvas.width = cols * tw + (cols - 1) * SEPARATOR;
+  canvas.height = rows * th + (rows - 1) * SEPARATOR;
+  const ctx = canvas.getContext("2d");
+  const image = ctx.createImageData(canvas.width, canvas.height);
+  const out = image.data;
+  const separator = SEPARATOR_COLOUR[kind];
+  for (let i = 0; i < out.length; i += 4) {
+    out[i] = separator[0];
+    out[i + 1] = separator[1];
+    out[i + 2] = separator[2];
+    out[i + 3] = 255;
+  }
+  for (let c = 0; c < count; c += 1) {
+    const { lut } = scales[c];
+    const left = (c % cols) * (tw + SEPARATOR);
+    const top = Math.floor(c / cols) * (th + SEPARATOR);
+    for (let y = 0; y < th; y += 1) {
+      for (let x = 0; x < tw; x += 1) {
+        const k = Math.round(position(scales[c], data[c * h * w + Math.floor(y / zoom) * w + Math.floor(x / zoom)]) * 255) * 3;
+        const o = ((top + y) * canvas.width + left + x) * 4;
+        out[o] = lut[k];
+        out[o + 1] = lut[k + 1];
+        out[o + 2] = lut[k + 2];
+      }
+    }
+  }
+  ctx.putImageData(image, 0, 0);
+  return canvas;
+}
 
 /** A vector per input: [N, K], or [N, C, 1, 1] (after global pooling). Drawn as bars, not one 1-pixel tile each. */
 export function isVectorShape(shape) {
@@ -66,6 +147,20 @@ export class LayerView {
     this.channelCanvas = panel.querySelector("#channel-canvas");
     this.channelCaption = panel.querySelector("#channel-caption");
     this.enlarged = panel.querySelector("#enlarged");
+    this.scaleSelect = panel.querySelector("#grid-scale");
+    const { scale } = readState();
+    if (scale === "shared") this.scaleSelect.value = scale; // a shared link's scale ("channel", the default, is left out)
+    this.scaleSelect.addEventListener("change", () => {
+      writeState({ scale: this.scaleSelect.value === "channel" ? null : this.scaleSelect.value });
+      this.drawGrid();
+    });
+    this.gridBar = colourBar("grid-colorbar");
+    this.gridCaption.before(this.gridBar);
+    this.channelBar = colourBar("channel-colorbar");
+    this.channelCaption.before(this.channelBar);
+    this.tokens = null; // a vision transformer's token layout (the model's INFO), to draw its tokens as maps
+    this.maps = null; // {data, channels, h, w}: the first input's maps of the layer shown
+    this.scales = []; // each drawn channel's scale
     this.vectorFigure = panel.querySelector("#vector-figure");
     this.vectorCanvas = panel.querySelector("#vector-canvas");
     this.vectorCaption = panel.querySelector("#vector-caption");
@@ -123,6 +218,10 @@ export class LayerView {
     if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
     this.gridUrl = null;
     this.grid.removeAttribute("src");
+    this.maps = null;
+    this.scales = [];
+    hideColourBar(this.gridBar);
+    hideColourBar(this.channelBar);
   }
 
   async refresh() {
@@ -158,27 +257,62 @@ export class LayerView {
         }
         this.vectorFigure.hidden = true;
         const channels = Math.max(1, Math.min(1024, Number(this.channelsInput.value) || 64));
-        this.tiles = Math.min(tileCount(outShape), channels);
+        const body = { model, inputs, layers: [layer.name], format: "safetensors" };
+        const buffer = await postJSON("activations", body, signal, "arrayBuffer");
+        const tensor = parseSafetensors(buffer).tensors[`${key}:output`];
+        if (!tensor) throw new Error(`the answer has no ${key}:output`);
+        this.captured.tensor = tensor; // its histogram needs no second request
+        this.maps = featureMaps(tensor, this.tokens);
+        this.tiles = Math.min(this.maps.channels, channels);
         this.panel.querySelector("#layer-controls").hidden = false;
-        const body = { model, inputs, layers: [layer.name], format: "png", png_layer: key, channels };
-        const png = await postJSON("activations", body, signal, "blob");
-        if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
-        this.gridUrl = URL.createObjectURL(png);
-        this.grid.src = this.gridUrl;
-        await this.grid.decode();
-        const total = tileCount(outShape);
-        this.grid.alt = `Feature maps of ${key}: ${this.tiles} of ${total} channels, each scaled to its own range`;
-        this.gridCaption.textContent = `${key} ${formatShape(outShape)}: ${this.tiles} of ${total} channels, each scaled to its own min–max. Click one to enlarge it.`;
-        this.gridFigure.hidden = false;
-        this.channelInput.max = String(this.tiles - 1);
-        const current = Number(this.channelInput.value);
-        this.enlarge(Number.isInteger(current) && current < this.tiles ? current : 0);
+        this.outShape = outShape;
+        await this.drawGrid();
       });
     } catch (error) {
       if (isAbort(error)) return;
       this.reset();
       showError(this.error, error);
     }
+  }
+
+  /** Draw the maps of the layer shown (first `this.tiles` channels) on the chosen scale, with its colour bar. */
+  async drawGrid() {
+    const maps = this.maps;
+    if (!maps || !this.tiles) return;
+    const drawing = (this.drawing = (this.drawing || 0) + 1);
+    const shared = this.scaleSelect.value === "shared";
+    const { all, scales } = tileScales(maps, this.tiles, shared);
+    const canvas = gridCanvas(maps, this.tiles, scales, all.kind);
+    const png = await new Promise((resolve) => canvas.toBlob(resolve, "image/png"));
+    if (drawing !== this.drawing || this.maps !== maps) return; // a newer drawing, or another layer
+    if (this.gridUrl) URL.revokeObjectURL(this.gridUrl);
+    this.gridUrl = URL.createObjectURL(png);
+    this.grid.src = this.gridUrl;
+    await this.grid.decode();
+    if (drawing !== this.drawing) return;
+    this.scales = scales;
+    const key = this.captured ? this.captured.key : "";
+    const total = maps.channels;
+    const how = shared ? "on one scale shared by the channels" : "each scaled to its own range";
+    this.grid.alt = `Feature maps of ${key}: ${this.tiles} of ${total} channels, ${how}`;
+    const words = shared ? "all on one shared scale" : "each on its own scale";
+    this.gridCaption.textContent = `${key} ${formatShape(this.outShape)}: ${this.tiles} of ${total} channels, ${words}. Click one to enlarge it.`;
+    const diverging = all.kind === "diverging";
+    if (shared) setColourBar(this.gridBar, all, { scope: "shared scale across channels" });
+    else {
+      setColourBar(this.gridBar, all, {
+        scope: "per-channel",
+        ends: diverging
+          ? { lo: "−max |v|", hi: "+max |v|", text: "each tile from −its own max |v| to +its own max |v|" }
+          : { lo: "min", hi: "max", text: "each tile from its own min to its own max" },
+        note: "the enlarged channel's bar gives its numbers",
+      });
+    }
+    this.gridFigure.dataset.scale = shared ? "shared" : "channel";
+    this.gridFigure.hidden = false;
+    this.channelInput.max = String(this.tiles - 1);
+    const current = Number(this.channelInput.value);
+    this.enlarge(Number.isInteger(current) && current < this.tiles ? current : 0);
   }
 
   /**
@@ -213,9 +347,12 @@ export class LayerView {
     const { model, inputs, layer, key } = captured;
     const signal = this.histogramSlot.next();
     try {
-      const body = { model, inputs, layers: [layer], format: "safetensors" };
-      const buffer = await this.busy.run(() => postJSON("activations", body, signal, "arrayBuffer"));
-      const tensor = parseSafetensors(buffer).tensors[`${key}:output`];
+      let tensor = captured.tensor;
+      if (!tensor) {
+        const body = { model, inputs, layers: [layer], format: "safetensors" };
+        const buffer = await this.busy.run(() => postJSON("activations", body, signal, "arrayBuffer"));
+        tensor = parseSafetensors(buffer).tensors[`${key}:output`];
+      }
       if (!tensor) throw new Error(`the answer has no ${key}:output`);
       const canvas = this.panel.querySelector("#act-histogram-canvas");
       const found = drawHistogram(canvas, tensor.data, Math.max(240, Math.min(560, this.panel.clientWidth - 24)));
@@ -341,6 +478,11 @@ export class LayerView {
     const key = this.context ? this.context.layer.name || "(model)" : "";
     canvas.setAttribute("aria-label", `Channel ${index} of ${key}, enlarged`);
     this.channelCaption.textContent = `channel ${index}`;
+    const own = this.scales[index];
+    if (own) {
+      const shared = this.scaleSelect.value === "shared";
+      setColourBar(this.channelBar, own, { scope: shared ? "shared scale across channels" : `channel ${index}, own scale` });
+    }
     this.enlarged.hidden = false;
     writeState({ channel: index || null });
   }

@@ -198,6 +198,7 @@ class Inspector {
     this.renderInfo(info);
     this.showClassPanels(info);
     this.attention.setModel(info);
+    this.layerView.tokens = info.attention ? info.attention.tokens : null;
     this.renderSamples();
     this.predictions = null;
     this.resetTargets();

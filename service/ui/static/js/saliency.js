@@ -1,10 +1,13 @@
 // One saliency pane: a method picker, that method's parameters as form fields (from /openapi.json),
-// and the heatmap over the image as the model sees it. The panel holds two panes side by side.
+// and the attribution over the image as the model sees it, with its colour bar. The panel holds two panes side by
+// side. A signed attribution is drawn blue-white-red, symmetric about 0; a non-negative one through inferno.
 
 import { Slot, isAbort, postJSON } from "./api.js";
-import { paintHeatmap } from "./colormap.js";
+import { colourBar, hideColourBar, setColourBar } from "./colorbar.js";
+import { INFERNO, paintHeatmap, resize, scaleFor } from "./colormap.js";
 import { Busy, clearError, el, formatNumber, showError, spinner } from "./dom.js";
 import { drawModelView } from "./image.js";
+import { signedMap } from "./maps.js";
 import { parseSafetensors } from "./safetensors.js";
 import { clearPaneParams, paneParams, writeState } from "./state.js";
 
@@ -35,6 +38,25 @@ function inputFor(field, id, errorId) {
   const value = field.default === null ? "" : Array.isArray(field.default) ? field.default.join(",") : String(field.default);
   const hint = field.kind === "array" ? "comma-separated" : field.nullable ? "default" : undefined;
   return el("input", { ...common, type: "text", value, placeholder: hint, autocomplete: "off", spellcheck: false });
+}
+
+/**
+ * What a pane draws of an answer: the attribution as one signed map (`signedMap`), resized to the heatmap's size as
+ * the API resizes it, on its own scale; the API's heatmap (min–max scaled to [0, 1]) when there is no attribution.
+ */
+export function drawnMap(tensors, tokens) {
+  const heatmap = tensors["0:heatmap"];
+  const [height, width] = heatmap.shape.length === 2 ? heatmap.shape : [1, heatmap.data.length];
+  const map = signedMap(tensors["0:attribution"], tokens);
+  if (!map || map.values.length !== map.h * map.w || !map.values.length) {
+    const scale = { kind: "sequential", lo: 0, hi: 1, lut: INFERNO };
+    return { values: heatmap.data, height, width, scale, scope: "per-map", notes: ["the API's heatmap of |attribution|"] };
+  }
+  const notes = [];
+  if (map.planes > 1) notes.push("at each pixel, the channel with the largest |attribution|");
+  if (map.h !== height || map.w !== width) notes.push(`resized from ${map.h}×${map.w}`);
+  const values = resize(map.values, map.h, map.w, height, width);
+  return { values, height, width, scale: scaleFor(map.values), scope: "per-map", notes };
 }
 
 function readField(field, input) {
@@ -119,9 +141,16 @@ export class SaliencyPane {
     });
     this.base = el("canvas", { class: "base", "aria-hidden": "true" });
     this.heat = el("canvas", { class: "heat", "aria-hidden": "true" });
-    this.stack = el("div", { class: "stack", role: "img", "aria-label": "No heatmap yet" }, this.base, this.heat);
+    this.bar = colourBar(`${id}-colorbar`);
+    this.stack = el(
+      "div",
+      { class: "stack", role: "img", "aria-label": "No heatmap yet", "aria-describedby": `${id}-colorbar` },
+      this.base,
+      this.heat,
+    );
     this.caption = el("figcaption", { class: "result", text: "Give an image to see where the model looks." });
-    this.figure = el("figure", { class: "overlay" }, this.stack, this.caption);
+    this.figure = el("figure", { class: "overlay" }, this.stack, this.bar, this.caption);
+    this.drawn = null; // {height, width, scale} of the map on the canvas, for people and tests
     root.replaceChildren(
       el("div", { class: "pane-head" }, el("h3", { text: heading }), spinner(`${heading}: computing`)),
       this.form,
@@ -303,15 +332,16 @@ export class SaliencyPane {
       const result = (answer.results || [])[0];
       const heatmap = tensors["0:heatmap"];
       if (!result || !heatmap) throw new Error("the answer has no heatmap");
-      const [h, w] = heatmap.shape;
+      const map = drawnMap(tensors, result.tokens);
+      const { height: h, width: w, scale } = map;
       drawModelView(this.base, input, preprocess, [h, w]);
-      paintHeatmap(this.heat, heatmap.data, h, w);
+      paintHeatmap(this.heat, map.values, h, w, scale, { overlay: true });
+      setColourBar(this.bar, scale, { scope: map.scope, overlay: true, note: map.notes.join("; ") });
+      this.drawn = { height: h, width: w, kind: scale.kind, lo: scale.lo, hi: scale.hi };
       this.stack.classList.toggle("pixelated", Math.max(h, w) < SMALL_INPUT);
       const label = result.label ?? String(result.target);
-      this.stack.setAttribute(
-        "aria-label",
-        `${this.method} heatmap for class ${label} over the input image (bright: more attribution)`,
-      );
+      const colours = scale.kind === "diverging" ? "red: positive attribution, blue: negative" : "bright: more attribution";
+      this.stack.setAttribute("aria-label", `${this.method} heatmap for class ${label} over the input image (${colours})`);
       const parts = [`class ${label}`, `logit ${formatNumber(result.score)}`, `p ${formatNumber(result.probability, 3)}`];
       if (result.convergence_delta !== undefined && result.convergence_delta !== null) {
         parts.push(`convergence Δ ${formatNumber(result.convergence_delta, 3)}`);
@@ -355,5 +385,7 @@ export class SaliencyPane {
     }
     this.stack.setAttribute("aria-label", "No heatmap");
     this.caption.textContent = caption;
+    hideColourBar(this.bar);
+    this.drawn = null;
   }
 }
