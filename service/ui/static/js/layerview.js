@@ -4,13 +4,15 @@
 // its own scale, or all on one shared scale; a colour bar beside the grid and the enlarged channel says which.
 
 import { Slot, isAbort, postJSON } from "./api.js";
+import { barAt, drawBars } from "./bars.js";
 import { colourBar, hideColourBar, setColourBar } from "./colorbar.js";
 import { DIVERGING, GRAY, position, rangeOf, scaleOf } from "./colormap.js";
-import { clearError, el, formatNumber, formatShape, sharpContext, showError } from "./dom.js";
+import { clearError, el, formatNumber, formatShape, showError } from "./dom.js";
 import { describeHistogram, drawHistogram } from "./histogram.js";
 import { tokenGrid } from "./maps.js";
 import { parseSafetensors } from "./safetensors.js";
 import { readState, writeState } from "./state.js";
+import { TokenView, tokenSequence } from "./tokenview.js";
 
 const SEPARATOR = 2; // px between tiles, as in the API's grid (service/codecs/pictures.py)
 const MIN_TILE = 32; // px: small maps are enlarged (nearest) to about this, as the API's grid does
@@ -102,10 +104,6 @@ function flatten(data) {
   return Array.isArray(data) ? data.flatMap(flatten) : [Number(data)];
 }
 
-const POSITIVE = "#1f5fbf";
-const NEGATIVE = "#c0392b";
-const BARS_HEIGHT = 140; // css px
-
 /** How many tiles the API draws for an output shape (first input): channels of [N, C, H, W], units of [N, K]. */
 export function tileCount(shape) {
   if (!Array.isArray(shape) || shape.length < 2) return 1;
@@ -159,6 +157,7 @@ export class LayerView {
     this.channelBar = colourBar("channel-colorbar");
     this.channelCaption.before(this.channelBar);
     this.tokens = null; // a vision transformer's token layout (the model's INFO), to draw its tokens as maps
+    this.tokenView = new TokenView(panel.querySelector("#token-view"));
     this.maps = null; // {data, channels, h, w}: the first input's maps of the layer shown
     this.scales = []; // each drawn channel's scale
     this.vectorFigure = panel.querySelector("#vector-figure");
@@ -210,6 +209,7 @@ export class LayerView {
     this.gridFigure.hidden = true;
     this.enlarged.hidden = true;
     this.vectorFigure.hidden = true;
+    this.tokenView.hide();
     this.values = null;
     this.histogramButton.hidden = true;
     this.histogramFigure.hidden = true;
@@ -263,6 +263,8 @@ export class LayerView {
         if (!tensor) throw new Error(`the answer has no ${key}:output`);
         this.captured.tensor = tensor; // its histogram needs no second request
         this.maps = featureMaps(tensor, this.tokens);
+        if (tokenSequence(tensor.shape, this.tokens)) this.tokenView.show(key, tensor, this.tokens);
+        else this.tokenView.hide();
         this.tiles = Math.min(this.maps.channels, channels);
         this.panel.querySelector("#layer-controls").hidden = false;
         this.outShape = outShape;
@@ -369,24 +371,12 @@ export class LayerView {
   showVector(key, shape, values) {
     this.gridFigure.hidden = true;
     this.enlarged.hidden = true;
+    this.tokenView.hide();
     this.panel.querySelector("#layer-controls").hidden = true;
     this.values = values;
-    const lo = Math.min(0, ...values);
-    const hi = Math.max(0, ...values);
     const canvas = this.vectorCanvas;
     const width = Math.max(240, Math.min(640, this.panel.clientWidth - 24));
-    const ctx = sharpContext(canvas, width, BARS_HEIGHT);
-    const span = hi - lo || 1;
-    const zero = BARS_HEIGHT - ((0 - lo) / span) * BARS_HEIGHT;
-    const step = width / values.length;
-    values.forEach((v, i) => {
-      const y = BARS_HEIGHT - ((v - lo) / span) * BARS_HEIGHT;
-      ctx.fillStyle = v >= 0 ? POSITIVE : NEGATIVE;
-      ctx.fillRect(i * step, Math.min(y, zero), Math.max(step - (step > 3 ? 1 : 0), 0.5), Math.max(Math.abs(zero - y), 1));
-    });
-    ctx.fillStyle = "#666";
-    ctx.fillRect(0, zero, width, 1);
-    canvas.dataset.units = String(values.length);
+    const { lo, hi } = drawBars(canvas, values, width);
     canvas.setAttribute("aria-label", `${values.length} units of ${key}, from ${formatNumber(lo)} to ${formatNumber(hi)}`);
     this.vectorCaption.textContent = `${key} ${formatShape(shape)}: ${values.length} units on one shared scale `
       + `(${formatNumber(lo)} to ${formatNumber(hi)}; blue above zero, red below). Click a bar, or use the arrow keys, for its value.`;
@@ -396,8 +386,7 @@ export class LayerView {
 
   clickBar(event) {
     if (!this.values) return;
-    const rect = this.vectorCanvas.getBoundingClientRect();
-    this.showUnit(Math.floor(((event.clientX - rect.left) / rect.width) * this.values.length));
+    this.showUnit(barAt(this.vectorCanvas, event, this.values.length));
   }
 
   stepBar(event) {

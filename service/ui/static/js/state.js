@@ -1,10 +1,11 @@
 // The view in the URL (model, sample or that an upload was used, layer, filter, methods and each pane's method
-// parameters, target, opacity, top-k, enlarged channel, the feature maps' scale, attention block, head and query),
+// parameters, target, opacity, top-k, enlarged channel, the feature maps' scale, attention block, head and query,
+// the token view's selected token),
 // so a link restores it.
 
 const KEYS = [
   "model", "sample", "input", "layer", "filter", "method", "method2", "target", "block", "head", "query",
-  "opacity", "topk", "channel", "call", "scale",
+  "opacity", "topk", "channel", "call", "scale", "token",
 ];
 const PANE_PARAM = /^[ab]\.[A-Za-z_][A-Za-z0-9_]*$/; // a saliency pane's method parameter: `a.steps`, `b.window`
 
