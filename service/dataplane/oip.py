@@ -4,7 +4,8 @@ Outputs `output__0`, `output__1`, ... are the model's output tensors in order (a
 or dict output is flattened). Any other requested name is a layer (a module path from
 /layers, or a capture key such as `relu#2` or `block.0`) whose output is recorded by
 request-scoped hooks during the same forward (our extension). Without layer outputs the
-request joins the executor's dynamic batches; with them it runs exclusively.
+request joins the executor's dynamic batches; with them it joins the hooked batches of /activations (on a capture
+plan once the set repeats).
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ the graph after the model's own output. The graph is exported to ONNX (batch axi
 only when its outputs on two seeded batches (1 and 3 samples) have the eager hooks' keys, in their
 order, with their shapes, and values within the prediction path's tolerance (1e-4).
 
+A plan of functional nodes (`build_node_plan`) does the same from a copy of the node graph: each named
+node's output is cloned right after the node and becomes an extra output, checked against
+`capture_nodes` on the same probes.
+
 A plan serves inputs of the one sample shape it was built for, in float32 on the CPU. Everything
 else, and every capture set whose plan cannot be built (`PlanRefused`, with the reason), is served
 by the eager hooks.
@@ -19,6 +23,7 @@ by the eager hooks.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +37,7 @@ from torch import Tensor, fx, nn
 from service.errors import first_line
 from service.introspection.capture import Captured, capture_by_layer
 from service.introspection.fx_tracing import TRACING, ThreadLocalTracing
+from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
 from service.registry.lanes import hook_lanes
 from service.registry.onnx_path import INPUT, OUTPUT, export, inference_session
 from service.registry.probes import TOLERANCE, Placement
@@ -44,16 +50,18 @@ PROBE_BATCHES = (1, 3)
 class PlanKey:
     """What a plan captures: these layers (sorted), these sides, from samples of this shape."""
 
-    layers: tuple[str, ...]
+    layers: tuple[str, ...]  # module paths, or the node graph's node names when `nodes`
     capture: Capture
     sample_shape: tuple[int, ...]
+    nodes: bool = False
 
     @classmethod
-    def of(cls, layers: Sequence[str], capture: Capture, sample_shape: Sequence[int]) -> PlanKey:
-        return cls(tuple(sorted(set(layers))), Capture(capture), tuple(int(d) for d in sample_shape))
+    def of(cls, layers: Sequence[str], capture: Capture, sample_shape: Sequence[int], nodes: bool = False) -> PlanKey:
+        return cls(tuple(sorted(set(layers))), Capture(capture), tuple(int(d) for d in sample_shape), nodes)
 
     def describe(self) -> dict[str, object]:
-        return {"layers": list(self.layers), "capture": self.capture.value, "sample_shape": list(self.sample_shape)}
+        sites = {"nodes": list(self.layers)} if self.nodes else {"layers": list(self.layers)}
+        return sites | {"capture": self.capture.value, "sample_shape": list(self.sample_shape)}
 
 
 @dataclass(frozen=True)
@@ -123,9 +131,86 @@ def build_plan(module: nn.Module, key: PlanKey, channels_last: bool, wide_thread
     except Exception as exc:  # an op without an ONNX symbol, a value read into Python
         raise PlanRefused(f"it does not export to ONNX ({first_line(exc)})", "export") from exc
     for batch in PROBE_BATCHES:
-        _check(private, plan, placement.probe(batch))
+        x = placement.probe(batch)
+        with torch.inference_mode():
+            _check(plan, x, capture_by_layer(private, key.layers, key.capture, lambda: private(x)))  # noqa: B023
     plan.forwards = 0
     return plan
+
+
+def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_threads: int) -> CapturePlan:
+    """As `build_plan`, for the outputs of the node graph's nodes `key.layers` (what `capture_nodes` reads).
+
+    The graph is run and exported from a private copy of its GraphModule (sharing the weights), so the
+    served module's hooks never fire here. Each node's output gets a clone right after the node (an
+    in-place op later in the graph cannot change it), one per tensor in it, keyed as `capture_nodes` keys it."""
+    unknown = [name for name in key.layers if name not in graph.nodes]
+    if unknown:
+        raise PlanRefused(f"{', '.join(map(repr, unknown))} is no node of the graph", "unsupported")
+    copies = hook_lanes(graph.module, 1)
+    if not copies or not isinstance(copies[0], fx.GraphModule):
+        raise PlanRefused("the node graph cannot be copied to export it", "unsupported")
+    private = copies[0]
+    by_name = {node.name: node for node in private.graph.nodes}
+    eager = NodeGraph(private, {name: by_name[node.name] for name, node in graph.nodes.items()})
+    placement = Placement(list(key.sample_shape), torch.device("cpu"), torch.float32, channels_last)
+    probe = placement.probe(PROBE_BATCHES[-1])
+    module, sites = _with_node_outputs(eager, key.layers, probe)
+    try:
+        onnx = export(module, probe.contiguous(), [OUTPUT, *(f"capture{i}" for i in range(len(sites)))])
+        plan = CapturePlan(key, sites, onnx, wide_threads)
+    except Exception as exc:  # an op without an ONNX symbol, a value read into Python
+        raise PlanRefused(f"it does not export to ONNX ({first_line(exc)})", "export") from exc
+    for batch in PROBE_BATCHES:
+        x = placement.probe(batch)
+        with torch.inference_mode():
+            _check(plan, x, capture_nodes(eager, key.layers, x))
+    plan.forwards = 0
+    return plan
+
+
+def _with_node_outputs(eager: NodeGraph, names: Sequence[str], probe: Tensor) -> tuple[fx.GraphModule, list[Site]]:
+    """A copy of the graph returning (its output, a clone of each tensor in each named node's output), in the order
+    the nodes run; the tensors in a node's output (a tuple, a dict) are found by running it once on `probe`."""
+    values: dict[str, Any] = {}
+
+    def keep(name: str, value: Any) -> Any:
+        values[name] = value
+        return value
+
+    with torch.inference_mode():
+        run_nodes(eager, probe, names, keep)
+    copied = fx.Graph()
+    copy_of: dict[fx.Node, fx.Node] = {}
+    result = copied.graph_copy(eager.module.graph, copy_of)
+    order = {node: i for i, node in enumerate(eager.module.graph.nodes)}
+    sites: list[Site] = []
+    clones: list[fx.Node] = []
+    for name in sorted(names, key=lambda n: order[eager.nodes[n]]):
+        node = cursor = copy_of[eager.nodes[name]]
+        for key, path in _tensor_paths(name, values[name]):
+            value = node
+            for index in path:
+                with copied.inserting_after(cursor):
+                    value = cursor = copied.call_function(operator.getitem, (value, index))
+            with copied.inserting_after(cursor):
+                clone = cursor = copied.call_method("clone", (value,))
+            sites.append(Site(name, key, "output"))
+            clones.append(clone)
+    copied.output((result, *clones))
+    return fx.GraphModule(eager.module, copied, type(eager.module).__name__), sites
+
+
+def _tensor_paths(key: str, value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """`flatten_tensors`' keys, each with the indices that reach its tensor from the value."""
+    if isinstance(value, Tensor):
+        yield key, path
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _tensor_paths(f"{key}.{k}", v, (*path, k))
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _tensor_paths(f"{key}.{i}", v, (*path, i))
 
 
 def _traced(module: nn.Module, key: PlanKey) -> tuple[fx.GraphModule, list[Site]]:
@@ -211,11 +296,10 @@ def _flatten(key: str, value: Any) -> Iterator[tuple[str, fx.Proxy]]:
             yield from _flatten(f"{key}.{i}", v)
 
 
-def _check(module: nn.Module, plan: CapturePlan, x: Tensor) -> None:
-    """The plan's answer on `x` has the eager hooks' keys, order, sides and shapes, values within TOLERANCE."""
-    key = plan.key
+def _check(plan: CapturePlan, x: Tensor, eager: Capturing) -> None:
+    """The plan's answer on `x` has the `eager` capture's keys, order, sides and shapes, values within TOLERANCE."""
+    want_output, want, want_keys = eager
     with torch.inference_mode():
-        want_output, want, want_keys = capture_by_layer(module, key.layers, key.capture, lambda: module(x))
         output, got, got_keys = plan.capture(x)
     if not isinstance(want_output, Tensor):
         raise PlanRefused("its forward does not return one tensor", "unsupported")

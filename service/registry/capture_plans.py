@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from service.errors import first_line
-from service.registry.capture_graph import CapturePlan, PlanKey, PlanRefused, build_plan
+from service.introspection.nodes import NodeGraph
+from service.registry.capture_graph import CapturePlan, PlanKey, PlanRefused, build_node_plan, build_plan
 from service.specs.vocab import Capture
 
 log = logging.getLogger("hookserve.plans")
@@ -70,17 +71,25 @@ class CapturePlans:
         return self._module is not None
 
     def plan_for(
-        self, layers: list[str], capture: Capture, x: Tensor, *, at_once: bool = False, learn: bool = True
+        self,
+        layers: list[str],
+        capture: Capture,
+        x: Tensor,
+        *,
+        at_once: bool = False,
+        learn: bool = True,
+        nodes: NodeGraph | None = None,
     ) -> CapturePlan | None:
         """The plan for this batch's capture set, or None (the batch runs eager: counted, a build may start).
 
         `at_once`: bulk work (a data-set job) repeats the set many times, so its first sighting starts the build.
         `learn=False`: the set is the union of several requests' sets, which few batches repeat: it uses a plan
-        already there but never starts one (each mix would otherwise build and evict plans of its own)."""
+        already there but never starts one (each mix would otherwise build and evict plans of its own).
+        `nodes`: `layers` are nodes of this node graph (their outputs), not modules."""
         if self._module is None:
             self.forwards["eager"] += 1
             return None
-        key = PlanKey.of(layers, capture, x.shape[1:])
+        key = PlanKey.of(layers, capture, x.shape[1:], nodes=nodes is not None)
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None and plan.accepts(x):
@@ -97,10 +106,13 @@ class CapturePlans:
                     self._seen.popitem(last=False)
                 return None
             self._building.add(key)
-        threading.Thread(target=self._build, args=(key,), name=f"hookserve-plans-{self._name}", daemon=True).start()
+        thread = threading.Thread(
+            target=self._build, args=(key, nodes), name=f"hookserve-plans-{self._name}", daemon=True
+        )
+        thread.start()
         return None
 
-    def _build(self, key: PlanKey) -> None:
+    def _build(self, key: PlanKey, nodes: NodeGraph | None) -> None:
         self._on_build_thread()
         try:
             with self._build_lock:
@@ -108,7 +120,10 @@ class CapturePlans:
                 if module is None:  # closed while this build waited for the one before it
                     self._finish(key)
                     return
-                plan = build_plan(module, key, self._channels_last, self._wide_threads)
+                if nodes is not None:
+                    plan = build_node_plan(nodes, key, self._channels_last, self._wide_threads)
+                else:
+                    plan = build_plan(module, key, self._channels_last, self._wide_threads)
         except PlanRefused as refused:
             log.info("%s: capture plan for %s not built: %s", self._name, key.describe(), refused.reason)
             self._finish(key, refused=refused)

@@ -10,8 +10,11 @@ import torch
 from torch import nn
 
 from service.errors import InvalidField, first_line
+from service.introspection.capture import capture_by_layer
+from service.registry.capture_graph import CapturePlan, Capturing
 from service.registry.loaded import LoadedModel
 from service.runtime.statistics import Phase, phase
+from service.specs.vocab import Capture
 
 
 def run_batch(model: LoadedModel, inputs: Sequence[torch.Tensor], module: nn.Module | None = None) -> list[Any]:
@@ -103,3 +106,18 @@ def _to_cpu(output: Any) -> Any:
     if isinstance(output, dict):
         return {k: _to_cpu(v) for k, v in output.items()}
     return output
+
+
+def capture_layers(
+    model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, plan: CapturePlan | None
+) -> Capturing:
+    """The layers' captures on the model's capture plan for them when there is one, else by hooks on this lane."""
+    if plan is not None:
+        with torch.inference_mode():
+            return plan.capture(x)
+
+    def forward() -> Any:
+        with torch.inference_mode():
+            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
+
+    return capture_by_layer(model.module, layers, mode, forward)

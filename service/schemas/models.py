@@ -24,9 +24,10 @@ class AttentionInfo(BaseModel):
 
 
 class CaptureSetInfo(BaseModel):
-    """A capture set: these layers (sorted), these sides, from samples of this shape."""
+    """A capture set: these layers or these nodes (sorted), these sides, from samples of this shape."""
 
-    layers: list[str] = Field(..., examples=[["layer4"]])
+    layers: list[str] | None = Field(None, description="Modules (a set of layers).", examples=[["layer4"]])
+    nodes: list[str] | None = Field(None, description="Functional nodes (a set of nodes).", examples=[None])
     capture: str = Field(..., examples=["output"])
     sample_shape: list[int] = Field(..., examples=[[3, 224, 224]])
 
@@ -134,8 +135,9 @@ class ModelInfo(BaseModel):
     )
     capture_plans: CapturePlansInfo | None = Field(
         None,
-        description="Which forward-only captures (/activations layers, /v2 layer outputs, data-set jobs) run on "
-        "ONNX Runtime rather than by hooks, and why others do not; null until the model is ready.",
+        description="Which forward-only captures (/activations layers and nodes, /v2 layer outputs, data-set jobs, "
+        "the clean forward of /interventions) run on ONNX Runtime rather than by hooks, and why others do not; null "
+        "until the model is ready.",
     )
     load_seconds: float | None = None
 

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.main import create_app
-from service.registry import capture_graph
+from service.registry import capture_graph, onnx_path
 from tests.api.test_jobs import run_job, settings_for
 from tests.api.test_prediction_path import resnet18_with_statistics
-from tests.conftest import ClientFactory, read_binary_answer, tensor_input, wait_settled, write_lenet
+from tests.conftest import ClientFactory, as_tensor, read_binary_answer, tensor_input, wait_settled, write_lenet
 
 TOLERANCE = 1e-4
 ADMIN = {"Authorization": "Bearer plans"}
@@ -147,7 +147,7 @@ def test_planned_captures_equal_the_hooks_for_every_side_and_reduce(
     client, x = plans_client, inputs(model)
     info = first_sighting(client, model, x, layers=LAYERS[model], capture=side)
     assert {"layers": sorted(LAYERS[model]), "capture": side, "sample_shape": [3, 32, 32]} in [
-        {k: v for k, v in plan.items() if k != "forwards"} for plan in info["plans"]
+        {k: v for k, v in plan.items() if k != "forwards" and v is not None} for plan in info["plans"]
     ]
     for reduce in (None, "mean", "max"):
         body = {"layers": LAYERS[model], "capture": side} | ({"reduce": reduce} if reduce else {})
@@ -299,3 +299,123 @@ def test_a_data_set_job_builds_its_plan_from_its_first_chunk(tmp_path: Path) -> 
         assert result is not None
         plans = wait_built(client, "lenet")
         assert [(plan["layers"], plan["capture"]) for plan in plans["plans"]] == [(["fc1"], "output")]
+
+
+def intervene(client: TestClient, model: str, x: torch.Tensor, **body: Any) -> dict[str, Any]:
+    request = {"model": model, "inputs": [tensor_input(t) for t in x], "include_logits": True, **body}
+    response = client.post("/interventions", json=request)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def logits(answer: dict[str, Any], key: str) -> torch.Tensor:
+    return torch.tensor([p["logits"] for p in answer[key]])
+
+
+def test_the_clean_forward_of_an_intervention_that_reads_no_site_runs_on_the_prediction_path(
+    plans_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: list[int] = []
+    real = onnx_path.OnnxRuntimeModule.run
+
+    def spy(session: Any, x: torch.Tensor) -> torch.Tensor:
+        rows.append(x.shape[0])
+        return real(session, x)
+
+    monkeypatch.setattr(onnx_path.OnnxRuntimeModule, "run", staticmethod(spy))
+    x = inputs("r18", batch=3, seed=11)
+    edits = [{"site": "layer3", "op": "scale", "factor": 0.5}]
+    got = intervene(plans_client, "r18", x, edits=edits)
+    assert rows == [3]  # the clean rows, once; the edited forward needs the hooks
+    want = intervene(plans_client, "r18_eager", x, edits=edits)
+    assert rows == [3]
+    torch.testing.assert_close(logits(got, "clean"), logits(want, "clean"), rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(logits(got, "edited"), logits(want, "edited"), rtol=0, atol=0)
+    assert plans_client.get("/models/r18").json()["hooks"] == 0
+
+
+def test_the_clean_forward_of_an_intervention_that_reads_a_site_takes_that_sites_plan(plans_client: TestClient) -> None:
+    x, donor = inputs("lenet", batch=2, seed=12), inputs("lenet", batch=1, seed=13)
+    body: dict[str, Any] = {
+        "sources": {"donor": [tensor_input(donor[0])]},
+        "edits": [{"site": "conv2", "op": "patch", "source": "donor", "channels": [0, 1, 2]}],
+        "layers": ["fc3"],
+    }
+    before = plans_info(plans_client, "lenet")
+    intervene(plans_client, "lenet", x, **body)  # its first sighting starts the build (plan_after_requests = 1)
+    info = wait_built(plans_client, "lenet", built(before) + 1)
+    assert {"layers": ["conv2"], "capture": "output", "sample_shape": [3, 32, 32]} in [
+        {k: p[k] for k in ("layers", "capture", "sample_shape")} for p in info["plans"]
+    ]
+    got = intervene(plans_client, "lenet", x, **body)
+    assert plans_info(plans_client, "lenet")["planned_forwards"] == info["planned_forwards"] + 1
+    want = intervene(plans_client, "lenet_eager", x, **body)
+    for key in ("clean", "edited"):
+        torch.testing.assert_close(logits(got, key), logits(want, key), rtol=TOLERANCE, atol=TOLERANCE, msg=key)
+    got_fc3, want_fc3 = (as_tensor(a["activations"]["fc3"]["output"]) for a in (got, want))
+    torch.testing.assert_close(got_fc3, want_fc3, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+# functional nodes: the input, a reused ReLU's calls, a residual add that the in-place ReLU after it overwrites
+NODES = {
+    "lenet": ["x", "relu", "relu_2", "flatten"],
+    "r18": ["x", "layer1.0.add", "layer1.0.relu_1", "layer4.1.add", "flatten"],
+}
+
+
+@pytest.mark.parametrize("model", ["lenet", "r18"])
+def test_planned_node_captures_equal_the_graphs_for_every_reduce(plans_client: TestClient, model: str) -> None:
+    client, x = plans_client, inputs(model, seed=21)
+    info = first_sighting(client, model, x, nodes=NODES[model])
+    assert {"nodes": sorted(NODES[model]), "capture": "output", "sample_shape": [3, 32, 32]} in [
+        {k: v for k, v in plan.items() if k != "forwards" and v is not None} for plan in info["plans"]
+    ]
+    for reduce in (None, "mean", "max"):
+        body = {"nodes": NODES[model]} | ({"reduce": reduce} if reduce else {})
+        assert_same_answer(capture(client, model, x, **body), capture(client, f"{model}_eager", x, **body))
+    after = plans_info(client, model)
+    assert after["planned_forwards"] - info["planned_forwards"] == 3
+    assert after["fallbacks"] == []
+
+
+def test_the_clean_forward_of_an_intervention_at_a_node_takes_the_nodes_plan(plans_client: TestClient) -> None:
+    x = inputs("r18", batch=3, seed=22)
+    body: dict[str, Any] = {"edits": [{"node": "layer2.0.add", "op": "mean", "over": "batch"}], "nodes": ["flatten"]}
+    before = plans_info(plans_client, "r18")
+    intervene(plans_client, "r18", x, **body)
+    info = wait_built(plans_client, "r18", built(before) + 1)
+    assert {"nodes": ["layer2.0.add"], "capture": "output", "sample_shape": [3, 32, 32]} in [
+        {k: p[k] for k in ("nodes", "capture", "sample_shape")} for p in info["plans"] if "nodes" in p
+    ]
+    got = intervene(plans_client, "r18", x, **body)
+    assert plans_info(plans_client, "r18")["planned_forwards"] == info["planned_forwards"] + 1
+    want = intervene(plans_client, "r18_eager", x, **body)
+    for key in ("clean", "edited"):
+        torch.testing.assert_close(logits(got, key), logits(want, key), rtol=TOLERANCE, atol=TOLERANCE, msg=key)
+
+
+def v2_infer(client: TestClient, model: str, x: torch.Tensor, outputs: list[str]) -> dict[str, torch.Tensor]:
+    body = {
+        "inputs": [{"name": "input__0", "shape": list(x.shape), "datatype": "FP32", "data": x.flatten().tolist()}],
+        "outputs": [{"name": name} for name in outputs],
+    }
+    response = client.post(f"/v2/models/{model}/infer", json=body)
+    assert response.status_code == 200, response.text
+    return {o["name"]: torch.tensor(o["data"]).reshape(o["shape"]) for o in response.json()["outputs"]}
+
+
+def test_v2_layer_outputs_run_on_their_plan(plans_client: TestClient) -> None:
+    x, outputs = inputs("lenet", seed=23), ["output__0", "conv1", "relu#3"]
+    before = plans_info(plans_client, "lenet")
+    v2_infer(plans_client, "lenet", x, outputs)
+    info = wait_built(plans_client, "lenet", built(before) + 1)
+    assert {"layers": ["conv1", "relu"], "capture": "output", "sample_shape": [3, 32, 32]} in [
+        {k: p[k] for k in ("layers", "capture", "sample_shape")} for p in info["plans"]
+    ]
+    got = v2_infer(plans_client, "lenet", x, outputs)
+    assert plans_info(plans_client, "lenet")["planned_forwards"] == info["planned_forwards"] + 1
+    want = v2_infer(plans_client, "lenet_eager", x, outputs)
+    assert list(got) == outputs
+    for name in outputs:
+        torch.testing.assert_close(got[name], want[name], rtol=TOLERANCE, atol=TOLERANCE, msg=name)

@@ -19,13 +19,12 @@ from typing import Any
 import torch
 
 from service.errors import InvalidField
-from service.introspection.capture import Captured, capture_by_layer
+from service.introspection.capture import Captured
 from service.introspection.nodes import NodeGraph, capture_nodes
 from service.introspection.tensor_stats import reduce_tensor
 from service.introspection.tokens import TokenLayout, TokenSelection, selected_tokens, take_tokens, token_layout
-from service.registry.capture_graph import CapturePlan, Capturing
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
+from service.runtime.batching import capture_layers, foreign_shape_errors, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
 from service.specs.vocab import Capture, Reduce
 
@@ -87,7 +86,7 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     x = to_device(concatenated(inputs), model)
     mixed = len({(frozenset(r.layers), r.capture) for r in requests}) > 1
     plan = model.capture_plans.plan_for(layers, mode, x, at_once=any(r.bulk for r in requests), learn=not mixed)
-    output, captured, keys = _capture(model, layers, mode, x, plan)
+    output, captured, keys = capture_layers(model, layers, mode, x, plan)
     layout = token_layout(model.module, tuple(x.shape[1:]))
     picks = [
         _Pick(
@@ -101,21 +100,6 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     return _answers(inputs, output, captured, keys, picks, layout)
 
 
-def _capture(
-    model: LoadedModel, layers: list[str], mode: Capture, x: torch.Tensor, plan: CapturePlan | None
-) -> Capturing:
-    """The layers' captures on the model's capture plan for them when there is one, else by hooks on this lane."""
-    if plan is not None:
-        with torch.inference_mode():
-            return plan.capture(x)
-
-    def forward() -> Any:
-        with torch.inference_mode():
-            return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
-
-    return capture_by_layer(model.module, layers, mode, forward)
-
-
 def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequence[CaptureRequest]) -> list[Any]:
     """One run of the node graph capturing the union of the requests' nodes, each request's own part."""
     graph = model.node_graph
@@ -123,8 +107,11 @@ def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequ
         raise RuntimeError(f"{model.name} has no node graph: the data plane traces it before queueing a node capture")
     nodes = list(dict.fromkeys(node for request in requests for node in request.nodes))
     x = to_device(concatenated(inputs), model)
+    mixed = len({frozenset(r.nodes) for r in requests}) > 1
+    at_once = any(r.bulk for r in requests)
+    plan = model.capture_plans.plan_for(nodes, Capture.output, x, at_once=at_once, learn=not mixed, nodes=graph)
     with torch.inference_mode(), foreign_shape_errors(model, x):
-        output, captured, keys = capture_nodes(graph, nodes, x)
+        output, captured, keys = plan.capture(x) if plan is not None else capture_nodes(graph, nodes, x)
     picks = [_Pick(r.nodes, ("output",), r.reduce) for r in requests]
     return _answers(inputs, output, captured, keys, picks)
 

@@ -24,7 +24,14 @@ from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets, target_scores
 from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import foreign_shape_errors, forward_checked, split_output, to_cpu, to_device
+from service.runtime.batching import (
+    capture_layers,
+    foreign_shape_errors,
+    forward_checked,
+    split_output,
+    to_cpu,
+    to_device,
+)
 from service.runtime.runners.base import Runner, concatenated, offsets, rows
 from service.specs.vocab import Capture, Reduce
 
@@ -90,7 +97,11 @@ def _intervene(
     read = sorted({e.site for r in requests for e in r.edits if _reads_reference(e)})
     read_sides = {e.side for r in requests for e in r.edits if _reads_reference(e)}
     forward = _NodeForward(model) if at_nodes else _ModuleForward(model)
-    ref_output, seen = forward.reference(reference, read, Capture.both if "input" in read_sides else Capture.output)
+    if read:
+        ref_output, seen = forward.reference(reference, read, Capture.both if "input" in read_sides else Capture.output)
+    else:  # no edit reads the clean forward: it is a prediction, on the prediction path
+        with torch.inference_mode():
+            ref_output, seen = forward_checked(model, reference, model.prediction_module), {}
     ref = _Reference(seen, start, spans)
     row_edits = [
         RowEdits(a, b, request.edits, donors=ref.donors_of(i), means=ref.means_of((a, b)))
@@ -131,7 +142,10 @@ class _ModuleForward:
         self.model = model
 
     def reference(self, x: Tensor, read: Sequence[str], mode: Capture) -> tuple[Any, Captured]:
-        output, seen, _ = capture_by_layer(self.model.module, read, mode, lambda: self._forward(x))
+        """The clean forward reading `read`: on their capture plan when there is one (a set repeated a few times
+        gets one built), else by hooks on this lane."""
+        plan = self.model.capture_plans.plan_for(list(read), mode, x)
+        output, seen, _ = capture_layers(self.model, list(read), mode, x, plan)
         return output, seen
 
     def edited(
@@ -163,8 +177,10 @@ class _NodeForward:
         self.graph = graph
 
     def reference(self, x: Tensor, read: Sequence[str], mode: Capture) -> tuple[Any, Captured]:
+        """The clean forward reading the nodes `read`: on their capture plan when there is one, else on the graph."""
+        plan = self.model.capture_plans.plan_for(list(read), Capture.output, x, nodes=self.graph)
         with torch.inference_mode(), foreign_shape_errors(self.model, x):
-            output, seen, _ = capture_nodes(self.graph, read, x)
+            output, seen, _ = plan.capture(x) if plan is not None else capture_nodes(self.graph, read, x)
         return output, seen
 
     def edited(
