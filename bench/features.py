@@ -1,4 +1,4 @@
-"""`hookserve features` beside raw in-process feature extraction, in one run (issue 17's target: >= 0.8 x).
+"""`hookserve features` beside raw in-process feature extraction, in one run (>= 0.8 x torch, >= 0.9 x ONNX Runtime).
 
 The image set is the benchmark's cat JPEG (`skimage.data.chelsea()`, see `bench.workload`)
 copied N times into a folder. Raw: read each file, decode with PIL, preprocess with the
@@ -6,9 +6,12 @@ service's `preprocess_image`, stack 8, run resnet18 with a forward hook on `laye
 its spatial dims, copy out [8, 512] (2 torch threads, NCHW and channels_last). hookserve: the
 `hookserve features` command (its own process, as a user runs it) against `python -m service`
 in the default bench config, `-c 4 -b 8`, into safetensors shards; images/s is the command's
-own measure of its extraction (start-up and imports excluded), the wall time is kept too.
+own measure of its extraction (start-up and imports excluded), the wall time is kept too. A third
+raw row runs the same pipeline on ONNX Runtime (the graph up to the layer with the mean inside,
+exported once): the engine the server's capture plans use, which the command should reach 0.9 x of.
 
     python -m bench.features --images 256          # alone; `python -m bench.run` runs it after the configs
+    python -m bench.features --into bench/RESULTS.json   # then: python -m bench.report
 """
 
 from __future__ import annotations
@@ -26,19 +29,24 @@ from typing import Any
 
 import torch
 from PIL import Image
+from torch import nn
+from torchvision.models.feature_extraction import create_feature_extractor
 
 from bench.configs import DEFAULT
-from bench.features_report import TARGET, section
+from bench.features_report import TARGET, TARGET_ORT, section
 from bench.machine import CpuMeter, wait_idle
 from bench.raw_torch import RESNET_SPEC, _layout, build_model
 from bench.server import REPO, Server, free_port
 from bench.workload import make_jpeg
 from service.codecs.preprocess import preprocess_image
+from service.registry.onnx_path import INPUT, OUTPUT, export, inference_session
 
 MODEL = "resnet18"
 LAYER = "layer4"
+CROP = RESNET_SPEC.crop or 224  # the exported graph's input side
 REDUCE = "mean"
 BATCH = 8
+PIPELINE = f"read+decode+preprocess+forward, batch {BATCH}"
 CONCURRENCY = 4
 Log = Callable[[str], None]
 
@@ -60,30 +68,65 @@ def raw_features(paths: Sequence[Path], *, threads: int = 2, channels_last: bool
     module = dict(model.named_modules())[LAYER]
     handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out.mean(dim=(2, 3)).clone()))
 
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            model(_layout(x, model))
+        return captured.pop()
+
+    try:
+        point = _timed(paths, forward)
+    finally:
+        handle.remove()
+    layout = ", channels_last" if channels_last else ""
+    return {"name": f"raw {MODEL} {LAYER} features ({REDUCE}), {PIPELINE}, {threads} threads{layout}", **point}
+
+
+class _Reduced(nn.Module):
+    """The model up to LAYER, averaged over its spatial dims: one [N, C] output, as the ONNX Runtime row exports it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.body = create_feature_extractor(model, {LAYER: "features"})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features: torch.Tensor = self.body(x)["features"]
+        return features.mean(dim=(2, 3))
+
+
+def raw_onnxruntime_features(paths: Sequence[Path], *, threads: int = 2) -> dict[str, Any]:
+    """As `raw_features`, the forward on ONNX Runtime: the graph up to LAYER with the mean inside it, exported once
+    (batch axis dynamic) and run by one session of `threads` intra-op threads."""
+    torch.set_num_threads(threads)
+    reduced = _Reduced(build_model(MODEL)).eval()
+    session = inference_session(export(reduced, torch.zeros(BATCH, 3, CROP, CROP)), threads)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        (features,) = session.run([OUTPUT], {INPUT: x.numpy()})
+        return torch.from_numpy(features)
+
+    point = _timed(paths, forward)
+    return {"name": f"raw {MODEL} {LAYER} features ({REDUCE}) on ONNX Runtime, {PIPELINE}, {threads} threads", **point}
+
+
+def _timed(paths: Sequence[Path], forward: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    """Images/s of reading, decoding and preprocessing each file and `forward` on batches of BATCH (one warm-up)."""
+
     def extract(batch: Sequence[Path]) -> torch.Tensor:
         samples = []
         for path in batch:
             image = Image.open(path)
             image.load()
             samples.append(preprocess_image(image, RESNET_SPEC, 3))
-        with torch.inference_mode():
-            model(_layout(torch.stack(samples), model))
-        return captured.pop()
+        return forward(torch.stack(samples))
 
-    try:
-        extract(paths[:BATCH])  # warm-up: oneDNN builds its kernels on the first call
-        meter = CpuMeter()
-        meter.start()
-        started = time.perf_counter()
-        rows = sum(len(extract(paths[i : i + BATCH])) for i in range(0, len(paths), BATCH))
-        seconds = time.perf_counter() - started
-        cpu = meter.stop()
-    finally:
-        handle.remove()
-    layout = ", channels_last" if channels_last else ""
+    extract(paths[:BATCH])  # warm-up: oneDNN and ONNX Runtime settle their kernels on the first call
+    meter = CpuMeter()
+    meter.start()
+    started = time.perf_counter()
+    rows = sum(len(extract(paths[i : i + BATCH])) for i in range(0, len(paths), BATCH))
+    seconds = time.perf_counter() - started
+    cpu = meter.stop()
     return {
-        "name": f"raw {MODEL} {LAYER} features ({REDUCE}), read+decode+preprocess+forward, batch {BATCH}, "
-        f"{threads} threads{layout}",
         "images": rows,
         "seconds": seconds,
         "images_per_s": rows / seconds,
@@ -113,9 +156,14 @@ def measure(
     """The raw rows, then the command against a fresh server; the ratios and the verdict."""
     paths = copy_images(workdir / "cats", make_jpeg(), images)
     raw = {}
-    for key, channels_last in (("raw", False), ("raw-cl", True)):
+    extractions: dict[str, Callable[[], dict[str, Any]]] = {
+        "raw": lambda: raw_features(paths),
+        "raw-cl": lambda: raw_features(paths, channels_last=True),
+        "raw-ort": lambda: raw_onnxruntime_features(paths),
+    }
+    for key, extraction in extractions.items():
         wait_idle(idle_wait_s, log=log)
-        raw[key] = raw_features(paths, channels_last=channels_last)
+        raw[key] = extraction()
         log(f"{raw[key]['name']}: {raw[key]['images_per_s']:.1f} images/s")
     cfg = DEFAULT.config
     with Server(cfg, port or free_port(), workdir / "server") as server:
@@ -135,7 +183,8 @@ def measure(
     log(
         f"hookserve features ({cfg.name} config, -c {CONCURRENCY} -b {BATCH}): {ips:.1f} images/s "
         f"({images / report['wall_s']:.1f} counting the command's start-up), "
-        f"x raw {ips / raw['raw']['images_per_s']:.2f}, x raw channels_last {ips / raw['raw-cl']['images_per_s']:.2f}"
+        f"x raw {ips / raw['raw']['images_per_s']:.2f}, x raw channels_last {ips / raw['raw-cl']['images_per_s']:.2f}, "
+        f"x raw ONNX Runtime {ips / raw['raw-ort']['images_per_s']:.2f}"
     )
     return {
         "images": images,
@@ -155,7 +204,9 @@ def measure(
         },
         "ratio": ips / raw["raw"]["images_per_s"],
         "ratio_cl": ips / raw["raw-cl"]["images_per_s"],
+        "ratio_ort": ips / raw["raw-ort"]["images_per_s"],
         "target": TARGET,
+        "target_ort": TARGET_ORT,
     }
 
 
@@ -164,9 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=256, help="copies of the cat JPEG (default 256)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--idle-wait", type=float, default=120.0)
+    parser.add_argument("--into", type=Path, default=None, help="add the point to this RESULTS.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-features-") as tmp:
         point = measure(args.images, Path(tmp), port=args.port, idle_wait_s=args.idle_wait)
+    if args.into is not None:
+        results = json.loads(args.into.read_text())
+        results["features"] = point
+        args.into.write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(section({"features": point})))
     return 0
 
