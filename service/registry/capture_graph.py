@@ -38,12 +38,14 @@ from service.errors import first_line
 from service.introspection.capture import Captured, capture_by_layer
 from service.introspection.fx_tracing import TRACING, ThreadLocalTracing
 from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
+from service.introspection.tensor_stats import reduce_tensor
 from service.registry.lanes import hook_lanes
 from service.registry.onnx_path import INPUT, OUTPUT, export, inference_session
 from service.registry.probes import TOLERANCE, Placement
-from service.specs.vocab import Capture
+from service.specs.vocab import Capture, Reduce
 
 PROBE_BATCHES = (1, 3)
+IN_GRAPH = frozenset({Reduce.mean, Reduce.max})  # reductions a plan does inside its graph
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,26 @@ class PlanKey:
     capture: Capture
     sample_shape: tuple[int, ...]
     nodes: bool = False
+    reduce: Reduce | None = None  # mean or max over the spatial dims, inside the graph (every capture reduced)
 
     @classmethod
-    def of(cls, layers: Sequence[str], capture: Capture, sample_shape: Sequence[int], nodes: bool = False) -> PlanKey:
-        return cls(tuple(sorted(set(layers))), Capture(capture), tuple(int(d) for d in sample_shape), nodes)
+    def of(
+        cls,
+        layers: Sequence[str],
+        capture: Capture,
+        sample_shape: Sequence[int],
+        nodes: bool = False,
+        reduce: Reduce | None = None,
+    ) -> PlanKey:
+        shape = tuple(int(d) for d in sample_shape)
+        return cls(tuple(sorted(set(layers))), Capture(capture), shape, nodes, reduce if reduce in IN_GRAPH else None)
 
     def describe(self) -> dict[str, object]:
-        sites = {"nodes": list(self.layers)} if self.nodes else {"layers": list(self.layers)}
-        return sites | {"capture": self.capture.value, "sample_shape": list(self.sample_shape)}
+        described: dict[str, object] = {"nodes" if self.nodes else "layers": list(self.layers)}
+        described |= {"capture": self.capture.value, "sample_shape": list(self.sample_shape)}
+        if self.reduce is not None:
+            described["reduce"] = self.reduce.value
+        return described
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,7 @@ def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_th
     eager = NodeGraph(private, {name: by_name[node.name] for name, node in graph.nodes.items()})
     placement = Placement(list(key.sample_shape), torch.device("cpu"), torch.float32, channels_last)
     probe = placement.probe(PROBE_BATCHES[-1])
-    module, sites = _with_node_outputs(eager, key.layers, probe)
+    module, sites = _with_node_outputs(eager, key.layers, probe, key.reduce)
     try:
         onnx = export(module, probe.contiguous(), [OUTPUT, *(f"capture{i}" for i in range(len(sites)))])
         plan = CapturePlan(key, sites, onnx, wide_threads)
@@ -169,7 +183,9 @@ def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_th
     return plan
 
 
-def _with_node_outputs(eager: NodeGraph, names: Sequence[str], probe: Tensor) -> tuple[fx.GraphModule, list[Site]]:
+def _with_node_outputs(
+    eager: NodeGraph, names: Sequence[str], probe: Tensor, reduce: Reduce | None
+) -> tuple[fx.GraphModule, list[Site]]:
     """A copy of the graph returning (its output, a clone of each tensor in each named node's output), in the order
     the nodes run; the tensors in a node's output (a tuple, a dict) are found by running it once on `probe`."""
     values: dict[str, Any] = {}
@@ -195,6 +211,9 @@ def _with_node_outputs(eager: NodeGraph, names: Sequence[str], probe: Tensor) ->
                     value = cursor = copied.call_function(operator.getitem, (value, index))
             with copied.inserting_after(cursor):
                 clone = cursor = copied.call_method("clone", (value,))
+            if reduce is not None:
+                with copied.inserting_after(cursor):
+                    clone = cursor = copied.call_function(reduced, (clone, reduce.value))
             sites.append(Site(name, key, "output"))
             clones.append(clone)
     copied.output((result, *clones))
@@ -214,7 +233,7 @@ def _tensor_paths(key: str, value: Any, path: tuple[Any, ...] = ()) -> Iterator[
 
 
 def _traced(module: nn.Module, key: PlanKey) -> tuple[fx.GraphModule, list[Site]]:
-    tracer = _CaptureTracer(set(key.layers), key.capture)
+    tracer = _CaptureTracer(set(key.layers), key.capture, key.reduce)
     try:
         with TRACING:
             graph = tracer.trace(module)
@@ -237,10 +256,11 @@ def _traced(module: nn.Module, key: PlanKey) -> tuple[fx.GraphModule, list[Site]
 class _CaptureTracer(ThreadLocalTracing, fx.Tracer):
     """Records each call of the requested modules: clones of its arguments on entry and of its result on exit."""
 
-    def __init__(self, layers: set[str], capture: Capture) -> None:
+    def __init__(self, layers: set[str], capture: Capture, reduce: Reduce | None) -> None:
         super().__init__()
         self.layers = layers
         self.capture = capture
+        self.reduce = reduce
         self.ancestors = {layer.rsplit(".", i)[0] for layer in layers for i in range(1, layer.count(".") + 1)}
         self.calls: Counter[str] = Counter()
         self.sites: list[Site] = []
@@ -274,6 +294,8 @@ class _CaptureTracer(ThreadLocalTracing, fx.Tracer):
         for group in groups:
             for key, proxy in group:
                 clone = proxy.clone()  # where the hook fires: later in-place ops leave it as the hook saw it
+                if self.reduce is not None:
+                    clone = self.create_proxy("call_function", reduced, (clone, self.reduce.value), {})
                 self.sites.append(Site(layer, key, side))
                 self.nodes.append(clone.node)
 
@@ -299,6 +321,8 @@ def _flatten(key: str, value: Any) -> Iterator[tuple[str, fx.Proxy]]:
 def _check(plan: CapturePlan, x: Tensor, eager: Capturing) -> None:
     """The plan's answer on `x` has the `eager` capture's keys, order, sides and shapes, values within TOLERANCE."""
     want_output, want, want_keys = eager
+    if plan.key.reduce is not None:
+        want = {k: {side: reduce_tensor(t, plan.key.reduce) for side, t in sides.items()} for k, sides in want.items()}
     with torch.inference_mode():
         output, got, got_keys = plan.capture(x)
     if not isinstance(want_output, Tensor):
@@ -311,3 +335,13 @@ def _check(plan: CapturePlan, x: Tensor, eager: Capturing) -> None:
     for w, g in pairs:
         if g is None or w.shape != g.shape or not torch.allclose(g, w.float(), rtol=TOLERANCE, atol=TOLERANCE):
             raise PlanRefused(f"ONNX Runtime's captures differ from the hooks' by more than {TOLERANCE:g}", "mismatch")
+
+
+def reduced(t: Tensor, reduce: str) -> Tensor:
+    """A capture reduced inside a plan's graph as `reduce_tensor` reduces it after the hooks: mean or max over the
+    dims after the first two. A graph node: the exporter runs it on traced tensors, whose rank is known; a sample
+    shape with an empty dim fails the plan's check against the hooks instead of being tested here."""
+    if t.ndim <= 2:
+        return t
+    dims = tuple(range(2, t.ndim))
+    return t.mean(dim=dims) if Reduce(reduce) is Reduce.mean else t.amax(dim=dims)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from service.errors import first_line
 from service.introspection.nodes import NodeGraph
 from service.registry.capture_graph import CapturePlan, PlanKey, PlanRefused, build_node_plan, build_plan
-from service.specs.vocab import Capture
+from service.specs.vocab import Capture, Reduce
 
 log = logging.getLogger("hookserve.plans")
 REMEMBERED = 256  # capture sets whose sightings and refusals are kept (the oldest forgotten first)
@@ -79,17 +79,20 @@ class CapturePlans:
         at_once: bool = False,
         learn: bool = True,
         nodes: NodeGraph | None = None,
+        reduce: Reduce | None = None,
     ) -> CapturePlan | None:
         """The plan for this batch's capture set, or None (the batch runs eager: counted, a build may start).
 
         `at_once`: bulk work (a data-set job) repeats the set many times, so its first sighting starts the build.
         `learn=False`: the set is the union of several requests' sets, which few batches repeat: it uses a plan
         already there but never starts one (each mix would otherwise build and evict plans of its own).
-        `nodes`: `layers` are nodes of this node graph (their outputs), not modules."""
+        `nodes`: `layers` are nodes of this node graph (their outputs), not modules.
+        `reduce`: every request of the batch reduces every capture so (`mean`, `max`: done inside the plan's graph,
+        which hands over [N, C] rather than whole maps; a plan of its own)."""
         if self._module is None:
             self.forwards["eager"] += 1
             return None
-        key = PlanKey.of(layers, capture, x.shape[1:], nodes=nodes is not None)
+        key = PlanKey.of(layers, capture, x.shape[1:], nodes=nodes is not None, reduce=reduce)
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None and plan.accepts(x):

@@ -30,6 +30,9 @@ class CaptureSetInfo(BaseModel):
     nodes: list[str] | None = Field(None, description="Functional nodes (a set of nodes).", examples=[None])
     capture: str = Field(..., examples=["output"])
     sample_shape: list[int] = Field(..., examples=[[3, 224, 224]])
+    reduce: str | None = Field(
+        None, description="mean or max over the spatial dims, inside the plan's graph (null: none).", examples=[None]
+    )
 
 
 class CapturePlanInfo(CaptureSetInfo):

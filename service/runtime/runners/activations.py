@@ -85,9 +85,10 @@ def _by_layers(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Seq
     mode = modes.pop() if len(modes) == 1 else Capture.both
     x = to_device(concatenated(inputs), model)
     mixed = len({(frozenset(r.layers), r.capture) for r in requests}) > 1
-    plan = model.capture_plans.plan_for(layers, mode, x, at_once=any(r.bulk for r in requests), learn=not mixed)
-    output, captured, keys = capture_layers(model, layers, mode, x, plan)
     layout = token_layout(model.module, tuple(x.shape[1:]))
+    at_once, reduce = any(r.bulk for r in requests), _common_reduce(requests) if layout is None else None
+    plan = model.capture_plans.plan_for(layers, mode, x, at_once=at_once, learn=not mixed, reduce=reduce)
+    output, captured, keys = capture_layers(model, layers, mode, x, plan)
     picks = [
         _Pick(
             r.layers,
@@ -109,11 +110,22 @@ def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequ
     x = to_device(concatenated(inputs), model)
     mixed = len({frozenset(r.nodes) for r in requests}) > 1
     at_once = any(r.bulk for r in requests)
-    plan = model.capture_plans.plan_for(nodes, Capture.output, x, at_once=at_once, learn=not mixed, nodes=graph)
+    reduce = _common_reduce(requests)
+    plan = model.capture_plans.plan_for(
+        nodes, Capture.output, x, at_once=at_once, learn=not mixed, nodes=graph, reduce=reduce
+    )
     with torch.inference_mode(), foreign_shape_errors(model, x):
         output, captured, keys = plan.capture(x) if plan is not None else capture_nodes(graph, nodes, x)
     picks = [_Pick(r.nodes, ("output",), r.reduce) for r in requests]
     return _answers(inputs, output, captured, keys, picks)
+
+
+def _common_reduce(requests: Sequence[CaptureRequest]) -> Reduce | None:
+    """The reduction every request of the batch asks, which a plan may do inside its graph (`_answers` reducing an
+    already reduced `[N, C]` capture leaves it as it is); None when they differ, or ask none or tokens."""
+    reduces = {r.reduce for r in requests}
+    reduce = reduces.pop() if len(reduces) == 1 else None
+    return reduce if all(r.tokens is None for r in requests) else None
 
 
 def _answers(  # noqa: PLR0917

@@ -9,8 +9,9 @@ from torch import Tensor, nn
 
 from service.introspection.capture import capture_by_layer
 from service.introspection.hooks import count_hooks
+from service.introspection.tensor_stats import reduce_tensor
 from service.registry.capture_graph import PlanKey, PlanRefused, build_plan
-from service.specs.vocab import Capture
+from service.specs.vocab import Capture, Reduce
 
 
 class Split(nn.Module):
@@ -91,3 +92,23 @@ def test_refusals_say_why(model: nn.Module, layers: list[str], kind: str) -> Non
         build_plan(model.eval(), key(layers, Capture.output, shape), channels_last=False, wide_threads=1)
     assert refused.value.kind == kind
     assert refused.value.reason
+
+
+@pytest.mark.parametrize("reduce", [Reduce.mean, Reduce.max])
+def test_a_reducing_plan_hands_over_each_capture_reduced_inside_its_graph(reduce: Reduce) -> None:
+    model = Toy().eval()
+    layers = ["conv", "relu", "fc"]
+    plan = build_plan(model, PlanKey.of(layers, Capture.both, (4, 6, 6), reduce=reduce), False, wide_threads=1)
+    x = torch.randn(5, 4, 6, 6, generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        _, want, _ = capture_by_layer(model, layers, Capture.both, lambda: model(x))
+        _, got, _ = plan.capture(x)
+    assert list(got) == list(want)
+    for name, sides in want.items():
+        for side, t in sides.items():
+            assert got[name][side].shape == t.shape[:2]  # [N, C]: the maps never leave ONNX Runtime
+            torch.testing.assert_close(got[name][side], reduce_tensor(t, reduce), rtol=1e-4, atol=1e-4)
+
+
+def test_flatten_is_no_reduction_of_a_plan() -> None:
+    assert PlanKey.of(["conv"], Capture.output, (4, 6, 6), reduce=Reduce.flatten).reduce is None
