@@ -71,7 +71,8 @@ class PlanKey:
         return cls(tuple(sorted(set(layers))), Capture(capture), shape, nodes, reduce if reduce in IN_GRAPH else None)
 
     def describe(self) -> dict[str, object]:
-        described: dict[str, object] = {"nodes" if self.nodes else "layers": list(self.layers)}
+        sites = list(self.layers)
+        described: dict[str, object] = {"layers": [], "nodes": sites} if self.nodes else {"layers": sites}
         described |= {"capture": self.capture.value, "sample_shape": list(self.sample_shape)}
         if self.reduce is not None:
             described["reduce"] = self.reduce.value

@@ -26,8 +26,8 @@ class AttentionInfo(BaseModel):
 class CaptureSetInfo(BaseModel):
     """A capture set: these layers or these nodes (sorted), these sides, from samples of this shape."""
 
-    layers: list[str] | None = Field(None, description="Modules (a set of layers).", examples=[["layer4"]])
-    nodes: list[str] | None = Field(None, description="Functional nodes (a set of nodes).", examples=[None])
+    layers: list[str] = Field(..., description="Modules ([] for a set of nodes).", examples=[["layer4"]])
+    nodes: list[str] | None = Field(None, description="Functional nodes, for a set of nodes.", examples=[None])
     capture: str = Field(..., examples=["output"])
     sample_shape: list[int] = Field(..., examples=[[3, 224, 224]])
     reduce: str | None = Field(
