@@ -139,8 +139,9 @@ class Settings(BaseSettings):
     memory_trim_after_bytes: int = Field(
         256 * MiB,
         ge=0,
-        description="Once finished requests have held this much memory in total and none is in flight, the freed "
-        "memory is given back to the OS (glibc malloc_trim); 0 = never.",
+        description="Once finished requests' estimates, or the process's measured growth in resident memory, "
+        "reach this much since the last trim and no request is in flight, the freed memory is given back to the OS "
+        "(glibc malloc_trim); 0 = never.",
     )
     max_edits: int = Field(32, ge=1, description="Edits per /interventions request.")
     max_sources: int = Field(8, ge=0, description="Named donor runs per /interventions request.")

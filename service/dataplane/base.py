@@ -23,6 +23,7 @@ from service.registry.loaded import LoadedModel
 from service.runtime.admission import MemoryBudget
 from service.runtime.allocator import MemoryReturner
 from service.runtime.fleet import Fleet, ServedModel
+from service.runtime.resident import resident_bytes
 from service.runtime.runners.base import Runner
 from service.runtime.runners.saliency import SaliencyRunner
 from service.schemas.common import InputItem
@@ -45,6 +46,7 @@ class PlaneBase:
             settings.max_request_memory_bytes,
             settings.max_queue,
             on_release=self.memory_returner.freed,
+            resident=resident_bytes,
         )
 
     def ready(self, name: str) -> ServedModel:

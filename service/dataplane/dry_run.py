@@ -51,7 +51,7 @@ def report(
             "bytes": size,
             "parts": dict(found.cost.parts),
             "limit_bytes": min(budget.per_request, budget.total),
-            "in_use_bytes": budget.in_use,
+            "in_use_bytes": budget.held(),
         },
         "forwards": time.work.forwards,
         "backwards": time.work.backwards,

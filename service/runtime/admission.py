@@ -4,7 +4,11 @@ Each model-running request states what it will hold (inputs, forward activations
 graphs, its answer), estimated from the model's layer shapes before it is queued. A request
 over the per-request bound is refused (413); one that fits but not now waits, first come first
 served, until requests in flight give their memory back; when too many already wait, 503 with
-`Retry-After`. A reservation lasts until the answer has been sent when the HTTP layer opened a
+`Retry-After`. What requests in flight hold is the larger of their estimates and what they
+measurably added: the process's resident memory (Linux) above what it was when the first of them
+was admitted to an idle server. So a low estimate holds back later requests by what its request
+really costs; the first request to an idle server is admitted by its estimate alone. A
+reservation lasts until the answer has been sent when the HTTP layer opened a
 `held_until_answered` scope for the request, else until the data plane's call returns.
 """
 
@@ -59,13 +63,17 @@ class MemoryBudget:
         per_request_bytes: int,
         max_waiting: int,
         on_release: Callable[[int, bool], object] | None = None,
+        resident: Callable[[], int | None] = lambda: None,
     ) -> None:
-        """`on_release(size, idle)` hears of each reservation given back (`idle`: nothing else is held)."""
+        """`on_release(size, idle)` hears of each reservation given back (`idle`: nothing else is held);
+        `resident()` reads the process's resident bytes (None: estimates only)."""
         self.total = total_bytes
         self.per_request = per_request_bytes
         self.max_waiting = max_waiting
         self.on_release = on_release
-        self.in_use = 0
+        self.resident = resident
+        self.in_use = 0  # the estimates of the requests in flight
+        self._idle_resident: int | None = None  # resident bytes when the first of them was admitted
         self._waiting: deque[asyncio.Future[None]] = deque()
 
     def check(self, cost: Cost, advice: str) -> None:
@@ -79,9 +87,24 @@ class MemoryBudget:
                 f"{advice}"
             )
 
+    def held(self) -> int:
+        """What the requests in flight hold: their estimates, or what they measurably added when that is more."""
+        if self.in_use == 0 or self._idle_resident is None:
+            return self.in_use
+        now = self.resident()
+        return self.in_use if now is None else max(self.in_use, now - self._idle_resident)
+
     def would_wait(self, size: int) -> bool:
         """Whether a request of `size` bytes arriving now would wait for memory (others wait, or it does not fit)."""
-        return bool(self._waiting) or self.in_use + size > self.total
+        return bool(self._waiting) or not self._fits(size)
+
+    def _fits(self, size: int) -> bool:
+        return self.in_use == 0 or self.held() + size <= self.total  # `check` bounds one request by the total
+
+    def _take(self, size: int) -> None:
+        if self.in_use == 0:
+            self._idle_resident = self.resident()
+        self.in_use += size
 
     @asynccontextmanager
     async def reserve(
@@ -118,7 +141,7 @@ class MemoryBudget:
 
     async def _admit(self, size: int, before_waiting: Callable[[], None] | None) -> None:
         if not self.would_wait(size):
-            self.in_use += size
+            self._take(size)
             return
         if before_waiting is not None:
             before_waiting()
@@ -133,14 +156,14 @@ class MemoryBudget:
         try:
             while True:
                 await turn
-                if self._waiting and self._waiting[0] is turn and self.in_use + size <= self.total:
+                if self._waiting and self._waiting[0] is turn and self._fits(size):
                     break
                 turn = self._renew(turn)
         except BaseException:
             self._remove(turn)
             raise
         self._waiting.popleft()
-        self.in_use += size
+        self._take(size)
         self._wake()  # the next in line may fit too
 
     def _renew(self, old: asyncio.Future[None]) -> asyncio.Future[None]:

@@ -196,3 +196,37 @@ def test_the_issues_huge_request_is_refused_fast_and_memory_stays_bounded(tmp_pa
         assert "max_request_memory_bytes" in response.json()["detail"]
         grown = server.peak_rss_bytes() - peak
         assert grown < 1024 * MIB, f"peak RSS grew by {grown / MIB:.0f} MiB"  # it captured 4.7 GB before
+
+
+def test_memory_the_requests_in_flight_measurably_added_holds_back_the_next_beyond_their_estimates(
+    tmp_path: Path,
+) -> None:
+    """The first request's estimate is small, but the process grows by the whole budget while it runs (as a request
+    whose estimate was low would): the next request is told it would wait, and does, until the first is answered."""
+    body = {"model": "gate", "inputs": x(32, 1), "layers": ["conv"], "format": "safetensors"}
+
+    async def scenario() -> None:
+        async with serve(tmp_path, memory_budget_bytes=12 * MIB, worker_threads=2) as (app, client):
+            gate = app.state.hookserve.fleet.ready("gate").model.module
+            budget = app.state.hookserve.plane.budget
+            resident = [512 * MIB]
+            budget.resident = lambda: resident[0]  # the process's RSS, as the test makes it grow
+            gate.entered = threading.Semaphore(0)
+            gate.open.clear()
+            first = asyncio.ensure_future(client.post("/activations", json=body))
+            await asyncio.to_thread(gate.entered.acquire)  # admitted on its estimate, now in its forward
+            estimated = budget.in_use
+            assert 0 < estimated < 2 * MIB
+            resident[0] += 12 * MIB
+            dry = (await client.post("/activations", json={**body, "dry_run": True})).json()
+            assert (dry["admitted"], dry["would_wait"], dry["memory"]["in_use_bytes"]) == (True, True, 12 * MIB)
+            second = asyncio.ensure_future(client.post("/activations", json=body))
+            while not budget._waiting:  # it waits for memory though the estimates (2 x ~1 MiB) fit in 12 MiB
+                await asyncio.sleep(0.01)
+            resident[0] -= 12 * MIB
+            gate.open.set()
+            assert (await first).status_code == 200
+            assert (await second).status_code == 200
+            assert budget.in_use == 0
+
+    asyncio.run(scenario())

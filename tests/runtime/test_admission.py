@@ -117,3 +117,57 @@ def test_a_newcomer_that_would_fit_waits_behind_an_older_waiter() -> None:
 )
 def test_sizes_in_a_refusal_are_in_units_a_person_reads(size: int, text: str) -> None:
     assert Cost({"inputs": size}).describe().startswith(f"about {text}")
+
+
+class Resident:
+    """A process whose resident memory the test sets."""
+
+    def __init__(self, start: int) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_what_the_requests_in_flight_measurably_added_holds_back_the_next_when_it_is_over_their_estimates() -> None:
+    async def run() -> list[tuple[bool, int]]:
+        resident = Resident(1000)
+        budget = MemoryBudget(total_bytes=10, per_request_bytes=10, max_waiting=4, resident=resident)
+        release = asyncio.Event()
+        entered = asyncio.Event()
+        seen: list[tuple[bool, int]] = []
+
+        async def first() -> None:
+            async with budget.reserve(cost(2), "advice"):  # estimated at 2; the process grows by 7 meanwhile
+                resident.now += 7
+                await release.wait()
+                resident.now -= 7
+
+        async def second() -> None:
+            async with budget.reserve(cost(2), "advice"):  # 2 + 2 fits the estimates, 7 + 2 does, 7 + 4 would not
+                entered.set()
+
+        async def third() -> None:
+            async with budget.reserve(cost(2), "advice"):
+                pass
+
+        holder = asyncio.ensure_future(first())
+        await settle()
+        seen.append((budget.would_wait(2), budget.held()))  # 7 measured + 2 fits in 10
+        resident.now += 2  # the process grows further (another request's leftovers, a plan's build)
+        waiter = asyncio.ensure_future(second())
+        await settle()
+        seen.append((entered.is_set(), budget.held()))  # 9 + 2 > 10: it waits, though the estimates say 2 + 2
+        resident.now -= 2
+        release.set()
+        await asyncio.gather(holder, waiter, asyncio.ensure_future(third()))
+        seen.append((entered.is_set(), budget.held()))
+        return seen
+
+    assert asyncio.run(run()) == [(False, 7), (False, 9), (True, 0)]
+
+
+def test_without_a_measure_the_estimates_decide_alone() -> None:
+    budget = MemoryBudget(total_bytes=10, per_request_bytes=10, max_waiting=4)
+    assert budget.held() == 0
+    assert not budget.would_wait(10)

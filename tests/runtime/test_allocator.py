@@ -1,4 +1,5 @@
-"""MemoryReturner: trims once enough finished requests' memory was freed, only when idle, never two at once."""
+"""MemoryReturner: trims once finished requests' estimates or the process's measured growth pass the threshold, only
+when idle, never two at once."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ class FakeTrim:
         return 1
 
 
-def test_trims_once_the_freed_total_passes_the_threshold_and_nothing_is_in_flight() -> None:
+def test_without_a_measure_trims_once_the_freed_estimates_pass_the_threshold_and_nothing_is_in_flight() -> None:
     trim = FakeTrim()
-    returner = MemoryReturner(100, trim)
+    returner = MemoryReturner(100, trim, resident=lambda: None)  # no measure: the estimates count
     assert not returner.freed(60, idle=True)  # under the threshold
     assert not returner.freed(60, idle=False)  # over it, but another request still runs
     assert returner.freed(1, idle=True)
@@ -34,7 +35,7 @@ def test_trims_once_the_freed_total_passes_the_threshold_and_nothing_is_in_fligh
 def test_a_running_trim_is_not_started_again() -> None:
     hold = threading.Event()
     trim = FakeTrim(hold)
-    returner = MemoryReturner(10, trim)
+    returner = MemoryReturner(10, trim, resident=lambda: None)
     assert returner.freed(10, idle=True)
     wait_until(lambda: trim.calls == 1, "the trim to start")
     assert not returner.freed(10, idle=True)
@@ -56,3 +57,28 @@ def test_glibc_malloc_trim_is_found_here() -> None:
     trim = find_malloc_trim()
     assert trim is not None
     assert trim(0) in (0, 1)
+
+
+class Resident:
+    def __init__(self, start: int) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_measured_growth_trims_when_it_passes_the_threshold_though_the_estimates_do_not() -> None:
+    trim, resident = FakeTrim(), Resident(1000)
+    returner = MemoryReturner(100, trim, resident=resident)
+    resident.now += 150  # a request estimated at 10 grew the process by 150
+    assert not returner.freed(10, idle=False)  # another request still runs
+    assert returner.freed(10, idle=True)
+    wait_until(lambda: returner.trims == 1, "the trim to finish")
+    resident.now = 1060  # the trim gave back most of it: growth now counts from here
+    assert not returner.freed(10, idle=True)
+    resident.now = 1060 + 99
+    assert not returner.freed(10, idle=True)  # 99 grown, 20 estimated
+    resident.now = 1060 + 100
+    assert returner.freed(1, idle=True)
+    wait_until(lambda: returner.trims == 2, "the second trim to finish")
+    assert returner.freed(100, idle=True)  # estimates over the threshold still trim when growth is small
