@@ -138,19 +138,12 @@ def build_plan(module: nn.Module, key: PlanKey, channels_last: bool, wide_thread
         raise PlanRefused("the module tree cannot be copied to trace it", "unsupported")
     private = copies[0]
     graph, sites = _traced(private, key)
+
+    def hooked(x: Tensor) -> Capturing:
+        return capture_by_layer(private, key.layers, key.capture, lambda: private(x))
+
     placement = Placement(list(key.sample_shape), torch.device("cpu"), torch.float32, channels_last)
-    probe = placement.probe(PROBE_BATCHES[-1])
-    try:
-        onnx = export(graph, probe.contiguous(), [OUTPUT, *(f"capture{i}" for i in range(len(sites)))])
-        plan = CapturePlan(key, sites, onnx, wide_threads)
-    except Exception as exc:  # an op without an ONNX symbol, a value read into Python
-        raise PlanRefused(f"it does not export to ONNX ({first_line(exc)})", "export") from exc
-    for batch in PROBE_BATCHES:
-        x = placement.probe(batch)
-        with torch.inference_mode():
-            _check(plan, x, capture_by_layer(private, key.layers, key.capture, lambda: private(x)))  # noqa: B023
-    plan.forwards = 0
-    return plan
+    return _checked_plan(key, graph, sites, placement, wide_threads, hooked)
 
 
 def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_threads: int) -> CapturePlan:
@@ -171,6 +164,20 @@ def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_th
     placement = Placement(list(key.sample_shape), torch.device("cpu"), torch.float32, channels_last)
     probe = placement.probe(PROBE_BATCHES[-1])
     module, sites = _with_node_outputs(eager, key.layers, probe, key.reduce)
+    return _checked_plan(key, module, sites, placement, wide_threads, lambda x: capture_nodes(eager, key.layers, x))
+
+
+def _checked_plan(  # noqa: PLR0917
+    key: PlanKey,
+    module: nn.Module,
+    sites: Sequence[Site],
+    placement: Placement,
+    wide_threads: int,
+    eager: Callable[[Tensor], Capturing],
+) -> CapturePlan:
+    """`module` (the graph with the sites as extra outputs) on ONNX Runtime, kept only if it answers as `eager`
+    (the hooks, or the node graph) does on each probe batch."""
+    probe = placement.probe(PROBE_BATCHES[-1])
     try:
         onnx = export(module, probe.contiguous(), [OUTPUT, *(f"capture{i}" for i in range(len(sites)))])
         plan = CapturePlan(key, sites, onnx, wide_threads)
@@ -179,7 +186,7 @@ def build_node_plan(graph: NodeGraph, key: PlanKey, channels_last: bool, wide_th
     for batch in PROBE_BATCHES:
         x = placement.probe(batch)
         with torch.inference_mode():
-            _check(plan, x, capture_nodes(eager, key.layers, x))
+            _check(plan, x, eager(x))
     plan.forwards = 0
     return plan
 

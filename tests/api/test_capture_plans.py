@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.main import create_app
-from service.registry import capture_graph, onnx_path
+from service.registry import capture_graph
 from tests.api.test_jobs import run_job, settings_for
 from tests.api.test_prediction_path import resnet18_with_statistics
 from tests.conftest import ClientFactory, as_tensor, read_binary_answer, tensor_input, wait_settled, write_lenet
+from tests.helpers.onnx_rows import count_onnx_rows
 
 TOLERANCE = 1e-4
 ADMIN = {"Authorization": "Bearer plans"}
@@ -315,14 +316,7 @@ def logits(answer: dict[str, Any], key: str) -> torch.Tensor:
 def test_the_clean_forward_of_an_intervention_that_reads_no_site_runs_on_the_prediction_path(
     plans_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rows: list[int] = []
-    real = onnx_path.OnnxRuntimeModule.run
-
-    def spy(session: Any, x: torch.Tensor) -> torch.Tensor:
-        rows.append(x.shape[0])
-        return real(session, x)
-
-    monkeypatch.setattr(onnx_path.OnnxRuntimeModule, "run", staticmethod(spy))
+    rows = count_onnx_rows(monkeypatch)
     x = inputs("r18", batch=3, seed=11)
     edits = [{"site": "layer3", "op": "scale", "factor": 0.5}]
     got = intervene(plans_client, "r18", x, edits=edits)

@@ -10,10 +10,10 @@ import torch
 from fastapi.testclient import TestClient
 from torchvision.models import ResNet
 
-from service.registry import onnx_path
 from tests.api.test_prediction_path import LOOPED_PY, resnet18_with_statistics
 from tests.conftest import ClientFactory, as_tensor, tensor_input
 from tests.helpers.captum_reference import captum
+from tests.helpers.onnx_rows import count_onnx_rows
 
 CONFIG = """
 [[models]]
@@ -68,15 +68,7 @@ def r18() -> ResNet:
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The batch size of every forward that reaches ONNX Runtime."""
-    seen: list[int] = []
-    real = onnx_path.OnnxRuntimeModule.run
-
-    def spy(session: Any, x: torch.Tensor) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return real(session, x)
-
-    monkeypatch.setattr(onnx_path.OnnxRuntimeModule, "run", staticmethod(spy))
-    return seen
+    return count_onnx_rows(monkeypatch)
 
 
 @pytest.fixture

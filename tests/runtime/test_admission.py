@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from service.runtime.admission import Cost, MemoryBudget
+from tests.helpers.resident import Resident
 
 
 def cost(n: int) -> Cost:
@@ -117,16 +118,6 @@ def test_a_newcomer_that_would_fit_waits_behind_an_older_waiter() -> None:
 )
 def test_sizes_in_a_refusal_are_in_units_a_person_reads(size: int, text: str) -> None:
     assert Cost({"inputs": size}).describe().startswith(f"about {text}")
-
-
-class Resident:
-    """A process whose resident memory the test sets."""
-
-    def __init__(self, start: int) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def test_what_the_requests_in_flight_measurably_added_holds_back_the_next_when_it_is_over_their_estimates() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from service.runtime.allocator import MemoryReturner, find_malloc_trim
+from tests.helpers.resident import Resident
 from tests.helpers.waiting import wait_until
 
 
@@ -57,14 +58,6 @@ def test_glibc_malloc_trim_is_found_here() -> None:
     trim = find_malloc_trim()
     assert trim is not None
     assert trim(0) in (0, 1)
-
-
-class Resident:
-    def __init__(self, start: int) -> None:
-        self.now = start
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def test_measured_growth_trims_when_it_passes_the_threshold_though_the_estimates_do_not() -> None:
