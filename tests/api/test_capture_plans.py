@@ -132,8 +132,8 @@ def assert_same_answer(got: tuple[dict[str, torch.Tensor], Any], want: tuple[dic
     assert rest["activations"] == expected_rest["activations"]  # shapes and dtypes
     for name, t in expected.items():
         torch.testing.assert_close(tensors[name], t, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
-    top = [[[c["index"] for c in p["top_k"]] for p in answer["predictions"]] for answer in (rest, expected_rest)]
-    assert top[0] == top[1]
+    top = [[[c["index"] for c in p["top_k"]] for p in answer["predictions"] or []] for answer in (rest, expected_rest)]
+    assert top[0] == top[1]  # none for a model without class scores
 
 
 def inputs(model: str, batch: int = 2, seed: int = 3) -> torch.Tensor:
@@ -410,3 +410,54 @@ def test_v2_layer_outputs_run_on_their_plan(plans_client: TestClient) -> None:
     assert list(got) == outputs
     for name in outputs:
         torch.testing.assert_close(got[name], want[name], rtol=TOLERANCE, atol=TOLERANCE, msg=name)
+
+
+# the built-in registry: a layer set per model, and why it gets no plan where it gets none (None: it gets one)
+NO_ONNX = "predictions do not run on ONNX Runtime"  # timm's ViTs format a traced size: no export, so no plans
+BUILTIN_LAYERS = {
+    "lenet": (["conv2", "relu"], None),
+    "resnet18": (["layer1.0", "layer4"], None),
+    "efficientvit_b0": (["stem_res0"], "FX cannot trace it"),  # data-dependent control flow: hooks serve it
+    "vit_digits": (["blocks.1", "blocks.3.attn"], NO_ONNX),
+    "vit_tiny": (["blocks.0", "norm"], NO_ONNX),
+}
+
+
+@pytest.fixture(scope="module")
+def builtin_plans_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    settings = Settings(
+        model_dir=tmp_path_factory.mktemp("builtin-plans"), worker_threads=2, capture_plans=16, plan_after_requests=1
+    )
+    with TestClient(create_app(settings)) as client:
+        wait_settled(client)
+        yield client
+
+
+@pytest.mark.parametrize("model", list(BUILTIN_LAYERS))
+def test_every_built_in_model_gets_plans_equal_to_its_hooks_or_falls_back_with_the_reason(
+    builtin_plans_client: TestClient, model: str
+) -> None:
+    client = builtin_plans_client
+    size = client.get(f"/models/{model}").json()["input_size"]
+    x = torch.randn(2, *size, generator=torch.Generator().manual_seed(31))
+    layers, refusal = BUILTIN_LAYERS[model]
+    sets: list[dict[str, Any]] = [{"layers": layers, "capture": "both"}, {"layers": layers, "reduce": "mean"}]
+    nodes = client.get(f"/models/{model}/nodes")
+    if nodes.status_code == 200:  # a few functional nodes and the last one
+        listed = nodes.json()["nodes"]
+        functional = [n["name"] for n in listed if n["op"] == "call_function"]
+        sets.append({"nodes": [*functional[:2], listed[-1]["name"]]})
+    for body in sets:
+        hooked = capture(client, model, x, **body)  # the first sighting: hooks, while its plan is built
+        info = wait_built(client, model, built(plans_info(client, model)))
+        planned_before = info["planned_forwards"]
+        again = capture(client, model, x, **body)
+        assert_same_answer(again, hooked)
+        after = plans_info(client, model)
+        if refusal is None:
+            assert after["planned_forwards"] == planned_before + 1, body
+        else:
+            assert after["planned_forwards"] == planned_before
+            reasons = [after["reason"] or "", *(f["reason"] for f in after["fallbacks"])]
+            assert any(refusal in reason for reason in reasons), reasons
+    assert client.get(f"/models/{model}").json()["hooks"] == 0
