@@ -100,3 +100,11 @@ def json_tensor(tensor: torch.Tensor) -> dict[str, Any]:
 def json_size_lower_bound(numel: int) -> int:
     """The fewest bytes a JSON list of `numel` numbers can take ("0.0," each)."""
     return numel * 4
+
+
+JSON_NUMBER_MOST = 15  # "-1.1754944e-38,": the longest float32 orjson writes, with its separator
+
+
+def json_size_upper_bound(numel: int) -> int:
+    """The most bytes `numel` float32 numbers can take in a JSON answer (the lists' brackets aside)."""
+    return numel * JSON_NUMBER_MOST

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from service.codecs.tensors import json_size_lower_bound
+from service.codecs.tensors import JSON_NUMBER_MOST, json_size_upper_bound
 from service.config import Settings
 from service.errors import TooLarge
 from service.introspection.attention import AttentionSite
@@ -162,11 +162,14 @@ def _tokens_into(shapes: LayerShapes, name: str) -> int:
 
 
 def check_answer(estimate: Estimate, fmt: str, settings: Settings, advice: str) -> None:
-    """The answer-size limits, checked on the estimate before any work (JSON by its smallest possible size)."""
-    if fmt == "json" and json_size_lower_bound(estimate.answer_numel) > settings.max_json_response_bytes:
+    """The answer-size limits, checked on the estimate before any work. JSON by the most its numbers can take
+    (`JSON_NUMBER_MOST` bytes each), so no answer is refused for its size after the work was done."""
+    most = json_size_upper_bound(estimate.answer_numel)
+    if fmt == "json" and most > settings.max_json_response_bytes:
         raise TooLarge(
-            f"the JSON answer would exceed the {settings.max_json_response_bytes}-byte limit "
-            f"(max_json_response_bytes); {advice}, or a binary format (safetensors/npz)"
+            f"the JSON answer's {estimate.answer_numel} numbers could take {most} bytes ({JSON_NUMBER_MOST} each), "
+            f"over the {settings.max_json_response_bytes}-byte limit (max_json_response_bytes); {advice}, or a "
+            "binary format (safetensors/npz)"
         )
     if fmt in ("safetensors", "npz") and estimate.answer_bytes > settings.max_binary_response_bytes:
         raise TooLarge(

@@ -118,6 +118,26 @@ def test_an_answer_over_its_limit_is_refused_before_the_forward(make_client: Cli
     assert gate.forwards == before
 
 
+def test_a_json_answer_that_only_its_printed_numbers_would_put_over_the_limit_is_refused_before_the_forward(
+    make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """conv's 65,536 numbers take at least 262,144 bytes as JSON ("0.0," each) and about 700 KB as these values
+    print: with a 500,000-byte limit the least size fits and the printed one does not, so the refusal must come from
+    the most a number can take (15 bytes), before the forward, not from the encoder after it."""
+    client = gate_client(make_client, tmp_path, max_json_response_bytes=500_000)
+    gate = gate_of(client)
+    before = gate.forwards
+    body = {"model": "gate", "inputs": x(), "layers": ["conv"]}
+    response = client.post("/activations", json=body)
+    assert response.status_code == 413, response.text
+    assert "could take 983040 bytes (15 each)" in response.json()["detail"]
+    assert gate.forwards == before
+    dry = client.post("/activations", json={**body, "dry_run": True}).json()
+    assert (dry["admitted"], dry["refusal"][:3]) == (False, "413")
+    safetensors = client.post("/activations", json={**body, "format": "safetensors"})
+    assert safetensors.status_code == 200  # the advice works
+
+
 def test_integrated_gradients_is_costed_by_its_rows_not_the_internal_batch(
     make_client: ClientFactory, tmp_path: Path
 ) -> None:
