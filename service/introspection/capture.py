@@ -105,14 +105,20 @@ class _Recorder:
 
 def flatten_tensors(key: str, value: Any) -> Iterator[tuple[str, Tensor]]:
     """(key, tensor) pairs of a layer's output or arguments; see the module docstring."""
+    for found, _, t in tensor_paths(key, value):
+        yield found, t
+
+
+def tensor_paths(key: str, value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[str, tuple[Any, ...], Tensor]]:
+    """`flatten_tensors`' pairs, each with the indices (tuple positions, dict keys) that reach its tensor."""
     if isinstance(value, Tensor):
-        yield key, value
+        yield key, path, value
     elif isinstance(value, Mapping):
         for k, v in value.items():
-            yield from flatten_tensors(f"{key}.{k}", v)
+            yield from tensor_paths(f"{key}.{k}", v, (*path, k))
     elif isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
-            yield from flatten_tensors(f"{key}.{i}", v)
+            yield from tensor_paths(f"{key}.{i}", v, (*path, i))
 
 
 def captured_outputs(captured: Captured) -> dict[str, Tensor]:

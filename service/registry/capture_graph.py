@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from service.errors import first_line
-from service.introspection.capture import Captured, capture_by_layer
+from service.introspection.capture import Captured, capture_by_layer, tensor_paths
 from service.introspection.fx_tracing import TRACING, ThreadLocalTracing
 from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
 from service.introspection.tensor_stats import reduce_tensor
@@ -212,7 +212,7 @@ def _with_node_outputs(
     clones: list[fx.Node] = []
     for name in sorted(names, key=lambda n: order[eager.nodes[n]]):
         node = cursor = copy_of[eager.nodes[name]]
-        for key, path in _tensor_paths(name, values[name]):
+        for key, path, _ in tensor_paths(name, values[name]):
             value = node
             for index in path:
                 with copied.inserting_after(cursor):
@@ -226,18 +226,6 @@ def _with_node_outputs(
             clones.append(clone)
     copied.output((result, *clones))
     return fx.GraphModule(eager.module, copied, type(eager.module).__name__), sites
-
-
-def _tensor_paths(key: str, value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """`flatten_tensors`' keys, each with the indices that reach its tensor from the value."""
-    if isinstance(value, Tensor):
-        yield key, path
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _tensor_paths(f"{key}.{k}", v, (*path, k))
-    elif isinstance(value, (tuple, list)):
-        for i, v in enumerate(value):
-            yield from _tensor_paths(f"{key}.{i}", v, (*path, i))
 
 
 def _traced(module: nn.Module, key: PlanKey) -> tuple[fx.GraphModule, list[Site]]:

@@ -11,6 +11,7 @@ from torch import nn
 
 from service.errors import InvalidField, first_line
 from service.introspection.capture import capture_by_layer
+from service.introspection.nodes import NodeGraph, capture_nodes
 from service.registry.capture_graph import CapturePlan, Capturing
 from service.registry.loaded import LoadedModel
 from service.runtime.statistics import Phase, phase
@@ -121,3 +122,11 @@ def capture_layers(
             return forward_checked(model, x)  # a sample shape the model cannot run is a 422, as in /predict
 
     return capture_by_layer(model.module, layers, mode, forward)
+
+
+def capture_at_nodes(
+    model: LoadedModel, graph: NodeGraph, nodes: list[str], x: torch.Tensor, plan: CapturePlan | None
+) -> Capturing:
+    """The nodes' outputs on the model's capture plan for them when there is one, else by a run of the node graph."""
+    with torch.inference_mode(), foreign_shape_errors(model, x):
+        return plan.capture(x) if plan is not None else capture_nodes(graph, nodes, x)

@@ -20,11 +20,11 @@ import torch
 
 from service.errors import InvalidField
 from service.introspection.capture import Captured
-from service.introspection.nodes import NodeGraph, capture_nodes
+from service.introspection.nodes import NodeGraph
 from service.introspection.tensor_stats import reduce_tensor
 from service.introspection.tokens import TokenLayout, TokenSelection, selected_tokens, take_tokens, token_layout
 from service.registry.loaded import LoadedModel
-from service.runtime.batching import capture_layers, foreign_shape_errors, split_output, to_cpu, to_device
+from service.runtime.batching import capture_at_nodes, capture_layers, split_output, to_cpu, to_device
 from service.runtime.runners.base import NotSplittable, Runner, concatenated, offsets, rows
 from service.specs.vocab import Capture, Reduce
 
@@ -114,8 +114,7 @@ def _by_nodes(model: LoadedModel, inputs: Sequence[torch.Tensor], requests: Sequ
     plan = model.capture_plans.plan_for(
         nodes, Capture.output, x, at_once=at_once, learn=not mixed, nodes=graph, reduce=reduce
     )
-    with torch.inference_mode(), foreign_shape_errors(model, x):
-        output, captured, keys = plan.capture(x) if plan is not None else capture_nodes(graph, nodes, x)
+    output, captured, keys = capture_at_nodes(model, graph, nodes, x, plan)
     picks = [_Pick(r.nodes, ("output",), r.reduce) for r in requests]
     return _answers(inputs, output, captured, keys, picks)
 

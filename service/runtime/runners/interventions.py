@@ -20,11 +20,12 @@ from service.introspection.capture import Captured, capture_by_layer, flatten_te
 from service.introspection.copies import detached_copy
 from service.introspection.hooks import HookScope
 from service.introspection.interventions import Donors, EditHooks, EditOp, Editor, Fired, Means, RowEdits, Selection
-from service.introspection.nodes import NodeGraph, capture_nodes, run_nodes
+from service.introspection.nodes import NodeGraph, run_nodes
 from service.introspection.targets import TargetSpec, class_scores, resolve_targets, target_scores
 from service.introspection.tensor_stats import reduce_tensor
 from service.registry.loaded import LoadedModel
 from service.runtime.batching import (
+    capture_at_nodes,
     capture_layers,
     foreign_shape_errors,
     forward_checked,
@@ -179,8 +180,7 @@ class _NodeForward:
     def reference(self, x: Tensor, read: Sequence[str], mode: Capture) -> tuple[Any, Captured]:
         """The clean forward reading the nodes `read`: on their capture plan when there is one, else on the graph."""
         plan = self.model.capture_plans.plan_for(list(read), Capture.output, x, nodes=self.graph)
-        with torch.inference_mode(), foreign_shape_errors(self.model, x):
-            output, seen, _ = plan.capture(x) if plan is not None else capture_nodes(self.graph, read, x)
+        output, seen, _ = capture_at_nodes(self.model, self.graph, list(read), x, plan)
         return output, seen
 
     def edited(
