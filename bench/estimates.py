@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.baseline import git
 from bench.machine import machine_info, wait_idle
 from bench.server import REPO, Server, ServerConfig, free_port
 
@@ -211,20 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hookserve-bench-estimates-") as tmp:
         for i, case in enumerate(c for c in CASES if args.only in c.name):
             rows.append(measure_case(case, Path(tmp) / f"case{i}", log))
-    commit = _commit()
+    commit = git(REPO, "rev-parse", "--short", "HEAD")
     text = markdown(rows, commit)
     args.out.write_text(text)
     print(text)
     return 0
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or "?"
 
 
 if __name__ == "__main__":

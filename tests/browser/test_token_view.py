@@ -58,6 +58,13 @@ def brightness(page: Page, token: int) -> float:
     return float(sum(int(v) for v in str(colour)[4:-1].split(",")))
 
 
+def opened(page: Page, server: LiveServer) -> NDArray[np.float64]:
+    """The page on the ViT layer with its token view drawn; the API's `[T, D]` values of that layer."""
+    open_inspector(page, VIEW)
+    wait_tokens(page)
+    return api_tokens(server, LAYER)
+
+
 def click_bar(page: Page, dim: int) -> tuple[int, float]:
     """Click bar `dim` of the selected token; the dimension and value the page then states."""
     bars = page.locator("#token-bars")
@@ -72,9 +79,7 @@ def click_bar(page: Page, dim: int) -> tuple[int, float]:
 def test_the_norms_drawn_are_the_apis_with_the_class_token_beside_the_grid(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     page.set_viewport_size({"width": 1280, "height": 800})
-    open_inspector(page, VIEW)
-    wait_tokens(page)
-    values = api_tokens(server, LAYER)
+    values = opened(page, server)
     assert values.shape == (1 + ROWS * COLS, DEPTH)
     norms = np.linalg.norm(values, axis=1)
     assert page.eval_on_selector_all("#token-grid .token-cell", "cells => cells.length") == ROWS * COLS
@@ -104,9 +109,7 @@ def test_the_norms_drawn_are_the_apis_with_the_class_token_beside_the_grid(watch
 def test_a_clicked_patch_shows_its_64_values_as_bars(watch: Watch, server: LiveServer) -> None:
     page = watch.page
     page.set_viewport_size({"width": 1280, "height": 800})
-    open_inspector(page, VIEW)
-    wait_tokens(page)
-    values = api_tokens(server, LAYER)
+    values = opened(page, server)
     token = patch_token(3, 5)
     page.click(f'.token-cell[data-token="{token}"]')
     wait_tokens(page, token)
@@ -130,9 +133,7 @@ def test_a_clicked_patch_shows_its_64_values_as_bars(watch: Watch, server: LiveS
 
 def test_arrow_keys_move_over_the_tokens_and_enter_picks_one(watch: Watch, server: LiveServer) -> None:
     page = watch.page
-    open_inspector(page, VIEW)
-    wait_tokens(page)
-    values = api_tokens(server, LAYER)
+    values = opened(page, server)
     page.focus(f'.token-cell[data-token="{patch_token(0, 0)}"]')
     for key in ("ArrowRight", "ArrowRight", "ArrowDown"):
         page.keyboard.press(key)
