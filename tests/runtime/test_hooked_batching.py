@@ -21,7 +21,7 @@ from service.introspection.attribution import compute_saliency, method_named
 from service.introspection.gradients import compute_gradients
 from service.runtime.executor import ModelExecutor
 from tests.conftest import as_tensor, direct_capture, tensor_input
-from tests.helpers.compare import assert_batched_close
+from tests.helpers.compare import assert_batched_close, assert_same_predictions
 from tests.helpers.serving import asgi_serving, sent_while_held
 
 TOY_PY = '''
@@ -407,5 +407,203 @@ def test_interventions_of_concurrent_requests_each_read_their_own_clean_rows_and
                 assert not torch.allclose(logits(want, "edited"), logits(want, "clean"), atol=1e-4), i  # it did edit
                 assert_batched_close(logits(got, "edited"), logits(want, "edited"), f"request {i} edited")
                 assert_batched_close(logits(got, "clean"), logits(want, "clean"), f"request {i} clean")
+
+    run(scenario())
+
+
+def _payload(t: Tensor) -> dict[str, Any]:
+    """A tensor for an edit's `tensor` field (a bare payload, not an input item)."""
+    payload: dict[str, Any] = tensor_input(t)["tensor"]
+    return payload
+
+
+def _logits(answer: dict[str, Any], key: str) -> Tensor:
+    return torch.tensor([p["logits"] for p in answer[key]])
+
+
+def _changes(answer: dict[str, Any]) -> Tensor:
+    return torch.tensor(
+        [[c["clean_score"], c["edited_score"], c["delta"], c["kl_divergence"]] for c in answer["change"]]
+    )
+
+
+def _assert_same_intervention(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    """A batched /interventions answer equals the same request's answer alone."""
+    assert_same_predictions(got["clean"], want["clean"])
+    assert_same_predictions(got["edited"], want["edited"])
+    assert_batched_close(_logits(got, "edited"), _logits(want, "edited"), f"{where} edited")
+    assert_batched_close(_logits(got, "clean"), _logits(want, "clean"), f"{where} clean")
+    assert [(c["target"], c["label"]) for c in got["change"]] == [(c["target"], c["label"]) for c in want["change"]]
+    torch.testing.assert_close(
+        _changes(got), _changes(want), rtol=1e-5, atol=1e-4, msg=lambda m: f"{where} change: {m}"
+    )
+    assert got["applied"] == want["applied"], where
+    assert (got.get("activations") is None) == (want.get("activations") is None), where
+    for key, sides in (want.get("activations") or {}).items():
+        assert sorted(got["activations"][key]) == sorted(sides), (where, key)
+        for side, payload in sides.items():
+            assert_batched_close(as_tensor(got["activations"][key][side]), as_tensor(payload), f"{where} {key}:{side}")
+
+
+def _every_edit_op() -> list[dict[str, Any]]:
+    """One /interventions body per edit op (and the variants of add, mean and patch), targets and captures mixed."""
+
+    def sent(x: Tensor) -> list[dict[str, Any]]:
+        return [tensor_input(t) for t in x]
+
+    donor, donors = leaning(89, channel=0, value=-5.0, n=1), leaning(90, channel=2, value=5.0)
+    assert not torch.equal(donors[0], donors[1])
+    bodies: list[dict[str, Any]] = [
+        {"inputs": sent(inputs(80, n=2)), "edits": [{"site": "conv1", "op": "zero", "channels": [0, 2]}]},
+        {
+            "inputs": sent(inputs(81, n=2)),
+            "edits": [{"site": "conv2", "op": "scale", "factor": 2.5, "channels": [1, 3]}],
+            "target": 3,
+            "layers": ["fc"],
+        },
+        {"inputs": sent(inputs(82, n=2)), "edits": [{"site": "conv1", "op": "add", "value": 0.7}], "target": [0, 4]},
+        {
+            "inputs": sent(inputs(83, n=2)),
+            "edits": [
+                {
+                    "site": "conv2",
+                    "op": "add",
+                    "channels": [0, 1, 2],
+                    "tensor": _payload(torch.tensor([1.5, -2.0, 0.8])),
+                }
+            ],
+        },
+        {
+            "inputs": sent(leaning(84, channel=1, value=3.0)),
+            "edits": [
+                {
+                    "site": "conv1",
+                    "op": "add",
+                    "channels": [1, 2],
+                    "y": [0, 4],
+                    "x": [2, 6],
+                    "tensor": _payload(inputs(184)[0, :2, :4, :4]),
+                }
+            ],
+            "target": 2,
+        },
+        {
+            "inputs": sent(inputs(85, n=2)),
+            "edits": [{"site": "conv1", "op": "clamp", "min": -0.2, "max": 0.3}],
+            "target": 2,
+        },
+        {
+            "inputs": sent(inputs(86, n=2)),
+            "edits": [{"site": "conv2", "op": "mean", "over": "spatial"}],
+            "target": [1, 1],
+        },
+        {
+            "inputs": sent(leaning(87, channel=0, value=4.0)),
+            "edits": [{"site": "conv1", "op": "mean", "over": "batch", "channels": [0, 1]}],
+        },
+        {
+            "inputs": sent(inputs(88, n=2)),
+            "edits": [{"site": "conv2", "op": "noise", "std": 0.5, "seed": 7}],
+            "target": 4,
+        },
+        {
+            "inputs": sent(inputs(91, n=2)),
+            "sources": {"donor": sent(donor)},  # one donor for both inputs
+            "edits": [{"site": "conv2", "op": "patch", "source": "donor", "channels": [0, 5]}],
+            "layers": ["fc"],
+        },
+        {
+            "inputs": sent(inputs(92, n=2)),
+            "sources": {"each": sent(donors)},  # one donor per input
+            "edits": [{"site": "conv1", "op": "patch", "source": "each"}],
+            "target": [2, 3],
+        },
+        {
+            "inputs": sent(inputs(93, n=2)),
+            "edits": [{"site": "conv2", "op": "set", "channels": [4], "tensor": _payload(inputs(193)[0, :1])}],
+            "target": 0,
+        },
+    ]
+    return [body | {"include_logits": True} for body in bodies]
+
+
+def test_interventions_of_every_op_in_a_shared_batch_equal_each_alone(tmp_path: Path) -> None:
+    """Every edit op, with targets of every kind, donors shared or per input and captures after the edits, in
+    requests that share forwards: each answer equals the same request sent alone."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            bodies = _every_edit_op()
+            model.clear()
+            responses = await post_all(app, client, "/interventions", bodies)
+            rows = sum(len(b["inputs"]) for b in bodies)
+            donors = sum(len(d) for b in bodies for d in b.get("sources", {}).values())
+            assert model.sizes == [rows + donors, rows]  # all shared the reference forward, then the edited one
+            for i, (response, body) in enumerate(zip(responses, bodies, strict=True)):
+                assert response.status_code == 200, (i, response.text)
+                alone = await client.post("/interventions", json={"model": "toy", **body})
+                assert alone.status_code == 200, (i, alone.text)
+                want = alone.json()
+                edited, clean = _logits(want, "edited"), _logits(want, "clean")
+                assert not torch.allclose(edited, clean, atol=1e-4), i  # it did edit
+                assert ("fc" in (want.get("activations") or {})) == ("fc" in body.get("layers", [])), i
+                _assert_same_intervention(response.json(), want, f"request {i} ({body['edits'][0]['op']})")
+
+    run(scenario())
+
+
+def _within_1e4(got: Any, want: Any, where: str) -> None:
+    torch.testing.assert_close(
+        torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-4, msg=lambda message: f"{where}: {message}"
+    )
+
+
+SWEEPS: list[dict[str, Any]] = [
+    {"site": "conv1", "op": "zero", "target": None},
+    {"site": "conv2", "op": "mean", "target": 2},
+    {"site": "conv2", "op": "zero", "channels": [1, 5], "target": [0, 4, 1]},
+]
+
+
+def test_concurrent_sweeps_over_several_inputs_equal_each_alone(tmp_path: Path) -> None:
+    """Sweeps over three inputs each, sent together with an /interventions request: each sweep's ranking, targets
+    and deltas equal the same sweep's alone."""
+
+    async def scenario() -> None:
+        async with serve(tmp_path) as (app, client):
+            model = toy(app)
+            sweeps = [
+                {"model": "toy", "inputs": [tensor_input(t) for t in inputs(100 + i, n=3)], **sweep}
+                for i, sweep in enumerate(SWEEPS)
+            ]
+            edit = {
+                "model": "toy",
+                "inputs": [tensor_input(t) for t in inputs(110, n=2)],
+                "edits": [{"site": "conv1", "op": "zero", "channels": [1]}],
+                "include_logits": True,
+            }
+            model.clear()
+            sends = [client.post("/interventions/sweep", json=body) for body in sweeps]
+            responses = await sent_while_held(executor(app), [*sends, client.post("/interventions", json=edit)])
+            assert [r.status_code for r in responses] == [200] * len(responses), [r.text for r in responses]
+            for i, (response, body) in enumerate(zip(responses, sweeps, strict=False)):
+                alone = await client.post("/interventions/sweep", json=body)
+                assert alone.status_code == 200, alone.text
+                got, want = response.json(), alone.json()
+                assert [got[k] for k in ("site", "call", "op", "targets")] == [
+                    want[k] for k in ("site", "call", "op", "targets")
+                ], i
+                span = body.get("channels") or [0, 4 if body["site"] == "conv1" else 6]
+                assert sorted(c["channel"] for c in want["channels"]) == list(range(*span)), i
+                assert any(abs(c["delta"]) > 1e-3 for c in want["channels"]), i  # the ablations moved the score
+                assert [c["channel"] for c in got["channels"]] == [c["channel"] for c in want["channels"]], i
+                _within_1e4(got["clean_scores"], want["clean_scores"], f"sweep {i} clean_scores")
+                for key in ("delta", "deltas"):
+                    _within_1e4(
+                        [c[key] for c in got["channels"]], [c[key] for c in want["channels"]], f"sweep {i} {key}"
+                    )
+            alone = await client.post("/interventions", json=edit)
+            _assert_same_intervention(responses[-1].json(), alone.json(), "the intervention")
 
     run(scenario())
